@@ -1,0 +1,1 @@
+// placeholder: codec.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: codec_names.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: cpu_features.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: crc32c.cc is being written.

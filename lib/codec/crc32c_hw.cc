@@ -1,0 +1,1 @@
+// placeholder: crc32c_hw.cc is being written.

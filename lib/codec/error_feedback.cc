@@ -1,0 +1,1 @@
+// placeholder: error_feedback.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: frame.cc is being written.

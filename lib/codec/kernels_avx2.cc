@@ -1,0 +1,1 @@
+// placeholder: kernels_avx2.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: kernels_avx512.cc is being written.

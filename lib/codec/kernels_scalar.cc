@@ -1,0 +1,1 @@
+// placeholder: kernels_scalar.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: reduce.cc is being written.

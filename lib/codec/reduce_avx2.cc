@@ -1,0 +1,1 @@
+// placeholder: reduce_avx2.cc is being written.

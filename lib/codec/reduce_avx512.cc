@@ -1,0 +1,1 @@
+// placeholder: reduce_avx512.cc is being written.

@@ -1,0 +1,1 @@
+// placeholder: shuffle.cc is being written.

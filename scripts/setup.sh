@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs, from Debian 12's packages, everything Strait needs to build, test and benchmark.
+# Idempotent: packages already present are left alone and nothing is downloaded for them.
+# Needs root (or sudo) and a reachable Debian mirror only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  # Toolchain.
+  build-essential cmake ninja-build pkg-config git clang libclang-rt-14-dev
+  # Libraries the code links.
+  libuv1-dev libasio-dev libssl-dev libzstd-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
+  # Tools the tests and benchmarks run.
+  iproute2 iperf3 openssl procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    SUDO="sudo -n"
+  else
+    echo "setup: error: these packages are missing and installing them needs root:" >&2
+    echo "  ${missing[*]}" >&2
+    echo "setup: run this script as root, or install them with: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get update -qq; then
+  echo "setup: error: 'apt-get update' failed: no Debian mirror is reachable." >&2
+  echo "setup: check the network or /etc/apt/sources.list, then run this script again." >&2
+  exit 1
+fi
+if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+  echo "setup: error: 'apt-get install ${missing[*]}' failed (see apt's message above)." >&2
+  exit 1
+fi
+echo "setup: done"
