@@ -1,22 +1,26 @@
 # STRAIT_CUDA=AUTO|ON|OFF: decides whether the GPU kernels (lib/cuda) are built.
 # AUTO enables CUDA only where a working nvcc is found and says so either way; ON fails the
 # configure with a message when it is missing; OFF never looks. CPU-only builds need no CUDA header.
+set(STRAIT_CUDA_ROOT "/usr/local/cuda" CACHE PATH "Where AUTO/ON look for nvcc besides PATH")
 set(STRAIT_HAVE_CUDA OFF)
 if(NOT STRAIT_CUDA MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "STRAIT_CUDA='${STRAIT_CUDA}' is not one of AUTO, ON, OFF.")
 endif()
 if(NOT STRAIT_CUDA STREQUAL "OFF")
-  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  # Debian's CUDA Toolkit lives outside PATH; look there before check_language searches PATH.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS ${STRAIT_CUDA_ROOT}/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER ${STRAIT_CUDA_ROOT}/bin/nvcc)
   endif()
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # Ampere and Hopper machine code plus PTX for newer GPUs, unless the user chose otherwise
+    # (enable_language would otherwise pick nvcc's own default).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual CACHE STRING "CUDA architectures")
+    endif()
     enable_language(CUDA)
     set(STRAIT_HAVE_CUDA ON)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
-      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
-    endif()
     message(STATUS "Strait: CUDA ${CMAKE_CUDA_COMPILER_VERSION} found; GPU kernels enabled "
                    "(${CMAKE_CUDA_ARCHITECTURES})")
   elseif(STRAIT_CUDA STREQUAL "ON")
