@@ -1,0 +1,135 @@
+// Unit tests of strait-wanem's link specs, pair selectors and schedule files: accepted forms and
+// one clear error naming each bad value.
+#include "bench/wanem/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace strait::wanem {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMs = 1'000'000;
+
+StatusOr<LinkParams> Parse(std::string_view spec) {
+  return ParseLinkSpec(spec, LinkParams(), LinkParams());
+}
+
+TEST(LinkSpec, AcceptsBareAndKeyedSettings) {
+  auto p = Parse("100mbit,25ms,loss=1% jitter=2ms reorder queue=256KiB flowrate=50mbit");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->rate_bps, 100'000'000u);
+  EXPECT_EQ(p->delay_ns, 25 * kMs);
+  EXPECT_EQ(p->jitter_ns, 2 * kMs);
+  EXPECT_TRUE(p->reorder);
+  EXPECT_DOUBLE_EQ(p->loss, 0.01);
+  EXPECT_EQ(p->queue_limit_bytes, 256u * 1024);
+  EXPECT_EQ(p->flow_rate_bps, 50'000'000u);
+  auto ge = Parse("ge=1%:30%:0.8");
+  ASSERT_TRUE(ge.ok()) << ge.status();
+  EXPECT_DOUBLE_EQ(ge->ge.p, 0.01);
+  EXPECT_DOUBLE_EQ(ge->ge.r, 0.3);
+  EXPECT_DOUBLE_EQ(ge->ge.loss_bad, 0.8);
+  EXPECT_DOUBLE_EQ(ge->ge.loss_good, 0.0);
+  auto unlimited = Parse("rate=unlimited");
+  ASSERT_TRUE(unlimited.ok());
+  EXPECT_EQ(unlimited->rate_bps, 0u);
+}
+
+TEST(LinkSpec, EachBadValueGivesOneErrorNamingIt) {
+  struct Case {
+    const char* spec;
+    const char* names;
+  };
+  for (const Case& c : {Case{"rate=fast", "rate='fast'"}, Case{"loss=150%", "loss='150%'"},
+                        Case{"loss=abc", "loss='abc'"}, Case{"delay=5", "delay='5'"},
+                        Case{"ge=1%", "ge='1%'"}, Case{"ge=1%:0", "ge='1%:0'"},
+                        Case{"colour=red", "'colour'"}, Case{"sideways", "'sideways'"},
+                        Case{"queue=1", "queue='1'"}, Case{"reorder=maybe", "reorder='maybe'"},
+                        Case{"flowrate=lots", "flowrate='lots'"}}) {
+    auto p = Parse(c.spec);
+    ASSERT_FALSE(p.ok()) << c.spec;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << c.spec;
+    EXPECT_THAT(p.status().message(), HasSubstr(c.names)) << c.spec;
+  }
+}
+
+TEST(LinkSpec, PercentRateIsOfTheBase) {
+  LinkParams base;
+  base.rate_bps = 100'000'000;
+  auto p = ParseLinkSpec("rate=30%", base, base);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->rate_bps, 30'000'000u);
+  EXPECT_FALSE(ParseLinkSpec("rate=30%", LinkParams(), LinkParams()).ok());  // Unlimited base.
+}
+
+TEST(PairSelector, ParsesBothDirectionsOneDirectionAndAll) {
+  auto both = ParsePairSelector("0:2", 3);
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->size(), 2u);
+  auto one = ParsePairSelector("2>1", 3);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0], std::make_pair(2, 1));
+  auto all = ParsePairSelector("*", 3);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 6u);
+  EXPECT_THAT(ParsePairSelector("0:3", 3).status().message(), HasSubstr("'3'"));
+  EXPECT_THAT(ParsePairSelector("1:1", 3).status().message(), HasSubstr("itself"));
+  EXPECT_THAT(ParsePairSelector("01", 3).status().message(), HasSubstr("'01'"));
+}
+
+TEST(LinkTable, AppliesPairOverridesOnTopOfTheLink) {
+  auto t = BuildLinkTable(3, "100mbit,10ms", {"0:1=rate=20mbit,delay=80ms", "2>0=loss=1%"});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->at(0, 1).rate_bps, 20'000'000u);
+  EXPECT_EQ(t->at(1, 0).delay_ns, 80 * kMs);
+  EXPECT_EQ(t->at(0, 2).rate_bps, 100'000'000u);
+  EXPECT_DOUBLE_EQ(t->at(2, 0).loss, 0.01);
+  EXPECT_DOUBLE_EQ(t->at(0, 2).loss, 0.0);
+  EXPECT_THAT(BuildLinkTable(1, "1gbit", {}).status().message(), HasSubstr("--regions 1"));
+  EXPECT_THAT(BuildLinkTable(2, "1gbit,loss=2", {}).status().message(), HasSubstr("--link"));
+  EXPECT_THAT(BuildLinkTable(2, "1gbit", {"0:1"}).status().message(), HasSubstr("--pair '0:1'"));
+}
+
+TEST(Schedule, ResolvesTimedChangesInOrder) {
+  auto t = BuildLinkTable(2, "100mbit,25ms", {});
+  ASSERT_TRUE(t.ok());
+  const char* text =
+      "# rate drops to 30% at 20 s and recovers at 40 s\n"
+      "40s  *    rate=100%\n"
+      "20s  *    rate=30%   # both directions\n"
+      "25s  0>1  loss=2% delay=80ms\n"
+      "\n"
+      "30s  0>1  base\n";
+  auto ev = ParseSchedule(text, *t, "sched.txt");
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_EQ(ev->size(), 6u);
+  EXPECT_EQ((*ev)[0].at_ns, 20'000 * kMs);
+  EXPECT_EQ((*ev)[0].params.rate_bps, 30'000'000u);
+  EXPECT_EQ((*ev)[2].at_ns, 25'000 * kMs);
+  EXPECT_EQ((*ev)[2].params.rate_bps, 30'000'000u);  // Changes accumulate.
+  EXPECT_DOUBLE_EQ((*ev)[2].params.loss, 0.02);
+  EXPECT_EQ((*ev)[3].at_ns, 30'000 * kMs);
+  EXPECT_DOUBLE_EQ((*ev)[3].params.loss, 0.0);  // `base` resets.
+  EXPECT_EQ((*ev)[3].params.delay_ns, 25 * kMs);
+  EXPECT_EQ((*ev)[5].params.rate_bps, 100'000'000u);
+}
+
+TEST(Schedule, ErrorsNameFileAndLine) {
+  auto t = BuildLinkTable(2, "100mbit", {});
+  ASSERT_TRUE(t.ok());
+  EXPECT_THAT(ParseSchedule("1s * rate=30%\n2x * rate=1%\n", *t, "s.txt").status().message(),
+              HasSubstr("s.txt:2"));
+  EXPECT_THAT(ParseSchedule("1s 0>5 rate=1mbit\n", *t, "s.txt").status().message(),
+              HasSubstr("s.txt:1"));
+  auto bad = ParseSchedule("\n\n3s * loss=300%\n", *t, "s.txt");
+  EXPECT_THAT(bad.status().message(), HasSubstr("s.txt:3"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("loss='300%'"));
+  EXPECT_THAT(ParseSchedule("1s *\n", *t, "s.txt").status().message(), HasSubstr("s.txt:1"));
+  EXPECT_FALSE(LoadScheduleFile("/nonexistent/schedule", *t).ok());
+}
+
+}  // namespace
+}  // namespace strait::wanem

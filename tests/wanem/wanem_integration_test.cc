@@ -1,0 +1,287 @@
+// Integration tests of strait-wanem with real namespaces, TUN devices and traffic: RTT and TCP
+// goodput against the configuration, UDP loss, a schedule, and teardown after normal exit,
+// SIGTERM, SIGKILL of the parent and SIGKILL of the tool itself. Root only; each test skips with
+// the reason otherwise. Every wait is bounded.
+#include <fcntl.h>
+#include <net/if.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/wanem/emulator.h"
+#include "bench/wanem/netns.h"
+#include "bench/wanem/probe.h"
+#include "common/clock.h"
+
+namespace strait::wanem {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define SKIP_UNLESS_PRIVILEGED()                                                   \
+  do {                                                                             \
+    Status priv = CheckPrivileges();                                               \
+    if (!priv.ok()) GTEST_SKIP() << "strait-wanem integration: " << priv.message(); \
+  } while (false)
+
+// Unique per process and test, so parallel ctest runs never share namespaces.
+std::string InstanceName(const char* tag) {
+  return std::string(tag) + std::to_string(getpid() % 1000000);
+}
+
+EmulatorOptions Options(const std::string& name, const std::string& link,
+                        std::vector<std::string> pairs = {}) {
+  EmulatorOptions o;
+  o.name = name;
+  auto t = BuildLinkTable(2, link, pairs);
+  EXPECT_TRUE(t.ok()) << t.status();
+  o.table = *t;
+  return o;
+}
+
+// Runs a command, returns its exit code and (stdout + stderr).
+std::pair<int, std::string> Shell(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {-1, ""};
+  std::array<char, 512> buf;
+  while (fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+bool WaitFor(const std::function<bool()>& cond, double seconds) {
+  Deadline d = Deadline::AfterSeconds(seconds);
+  while (!d.Expired()) {
+    if (cond()) return true;
+    usleep(20'000);
+  }
+  return cond();
+}
+
+bool NoNamespacesLeft(const std::string& name) {
+  return ListNamespaces(NamespacePrefix(name)).empty() &&
+         Shell("ip netns list").second.find(NamespacePrefix(name)) == std::string::npos;
+}
+
+// Starts `strait-wanem run --name NAME ... -- sleep 30` as a child of a fresh intermediate
+// process (so the test can kill "the parent"); returns {intermediate, pid file of the tool}.
+pid_t SpawnRunUnderParent(const std::string& name) {
+  std::vector<std::string> args = {STRAIT_WANEM_BINARY, "run", "--name", name, "--link",
+                                   "100mbit,5ms", "--", "sleep", "30"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = fork();
+  if (parent == 0) {
+    const int devnull = open("/dev/null", O_WRONLY);
+    const pid_t tool = fork();
+    if (tool == 0) {
+      if (devnull >= 0) dup2(devnull, 1);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    int st;
+    waitpid(tool, &st, 0);
+    _exit(0);
+  }
+  return parent;
+}
+
+pid_t ToolPid(const std::string& name) {
+  std::ifstream f(PidFilePath(name));
+  long pid = 0;
+  f >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// Holds a region's namespace open, so that after teardown we can look inside it for the device.
+struct NamespaceHandle {
+  UniqueFd fd;
+  bool HasTunDevice() const {
+    bool found = false;
+    std::thread t([&] {
+      UniqueFd self(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+      if (setns(fd.get(), CLONE_NEWNET) != 0) return;
+      found = if_nametoindex(kTunName) != 0;
+      [[maybe_unused]] int rc = setns(self.get(), CLONE_NEWNET);
+    });
+    t.join();
+    return found;
+  }
+};
+
+NamespaceHandle OpenNamespace(const std::string& ns) {
+  return NamespaceHandle{UniqueFd(open((std::string(kNetnsDir) + "/" + ns).c_str(),
+                                       O_RDONLY | O_CLOEXEC))};
+}
+
+TEST(WanemIntegration, RttAndGoodputMatchTheConfiguration) {
+  SKIP_UNLESS_PRIVILEGED();
+  auto emu = Emulator::Start(Options(InstanceName("rtt"), "50mbit,25ms"));
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  const auto ns = (*emu)->Namespaces();
+  auto rtt = MeasureUdpRtt(ns, 0, 1, 10, 20'000'000);
+  ASSERT_TRUE(rtt.ok()) << rtt.status();
+  EXPECT_EQ(rtt->lost, 0);
+  EXPECT_NEAR(rtt->min_ms, 50.0, 3.0);
+  auto gp = MeasureTcpGoodput(ns, {{0, 1}}, 1'000'000'000, 2'000'000'000);
+  ASSERT_TRUE(gp.ok()) << gp.status();
+  const double expected = 50e6 * (1500.0 - 52.0) / 1500.0;  // TCP payload at 50 Mbit/s of IP.
+  EXPECT_NEAR((*gp)[0].bits_per_second, expected, expected * 0.15);
+  const RouterStats st = (*emu)->Stats();
+  EXPECT_LE(st.max_packet_bytes, 1500u) << "offloads must leave MTU-sized packets only";
+  EXPECT_GT(st.max_packet_bytes, 1400u);
+  EXPECT_EQ(st.invalid, 0u);
+  ASSERT_TRUE((*emu)->Stop().ok());
+  EXPECT_TRUE(NoNamespacesLeft((*emu)->name()));
+}
+
+TEST(WanemIntegration, LossyLinkDropsTheConfiguredFraction) {
+  SKIP_UNLESS_PRIVILEGED();
+  auto emu = Emulator::Start(Options(InstanceName("loss"), "200mbit,5ms,loss=5%"));
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  auto r = MeasureUdpLoss((*emu)->Namespaces(), 0, 1, 4000, 200, 4000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // 4000 trials at 5%: sigma is 0.34%, so +-2% is about six sigma.
+  EXPECT_NEAR(r->loss, 0.05, 0.02);
+  const RouterStats st = (*emu)->Stats();
+  EXPECT_EQ(st.links[0][1].packets[int(Verdict::kLost)], r->sent - r->received)
+      << "every missing datagram is one the model dropped";
+}
+
+TEST(WanemIntegration, ScheduleCutsTheRate) {
+  SKIP_UNLESS_PRIVILEGED();
+  EmulatorOptions o = Options(InstanceName("sched"), "50mbit,10ms");
+  auto ev = ParseSchedule("500ms * rate=20%\n", o.table, "inline");
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  o.schedule = *ev;
+  auto emu = Emulator::Start(o);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  auto gp = MeasureTcpGoodput((*emu)->Namespaces(), {{0, 1}}, 1'500'000'000, 1'500'000'000);
+  ASSERT_TRUE(gp.ok()) << gp.status();
+  const double expected = 10e6 * (1500.0 - 52.0) / 1500.0;
+  EXPECT_NEAR((*gp)[0].bits_per_second, expected, expected * 0.2);
+  const RouterStats st = (*emu)->Stats();
+  EXPECT_EQ(st.schedule_applied, 2u);
+  EXPECT_EQ(st.params[0][1].rate_bps, 10'000'000u);
+}
+
+TEST(WanemIntegration, StartRefusesALiveInstanceOfTheSameName) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("dup");
+  const pid_t parent = SpawnRunUnderParent(name);
+  ASSERT_TRUE(WaitFor([&] { return ListNamespaces(NamespacePrefix(name)).size() == 2; }, 10));
+  auto second = Emulator::Start(Options(name, "1gbit"));
+  EXPECT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("is running"));
+  kill(ToolPid(name), SIGTERM);
+  EXPECT_TRUE(WaitFor([&] { return NoNamespacesLeft(name); }, 10));
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+}
+
+TEST(WanemIntegration, SigtermTearsEverythingDown) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("term");
+  const pid_t parent = SpawnRunUnderParent(name);
+  ASSERT_TRUE(WaitFor([&] { return ListNamespaces(NamespacePrefix(name)).size() == 2; }, 10));
+  ASSERT_TRUE(WaitFor([&] { return ToolPid(name) > 0; }, 5));
+  NamespaceHandle h;
+  // Reopened on each try: until `ip netns add` has bind-mounted the namespace, the name is a
+  // plain file.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        h = OpenNamespace(NamespaceName(name, 1));
+        return h.HasTunDevice();
+      },
+      5));
+  kill(ToolPid(name), SIGTERM);
+  int st = 0;
+  waitpid(parent, &st, 0);  // The intermediate exits once the tool has.
+  EXPECT_TRUE(NoNamespacesLeft(name));
+  EXPECT_FALSE(h.HasTunDevice()) << "the TUN device outlived the tool";
+  EXPECT_NE(access(PidFilePath(name).c_str(), F_OK), 0);
+}
+
+TEST(WanemIntegration, SigkillOfTheParentTearsEverythingDown) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("pkill");
+  const pid_t parent = SpawnRunUnderParent(name);
+  ASSERT_TRUE(WaitFor([&] { return ListNamespaces(NamespacePrefix(name)).size() == 2; }, 10));
+  ASSERT_TRUE(WaitFor([&] { return ToolPid(name) > 0; }, 5));
+  NamespaceHandle h;
+  // Reopened on each try: until `ip netns add` has bind-mounted the namespace, the name is a
+  // plain file.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        h = OpenNamespace(NamespaceName(name, 0));
+        return h.HasTunDevice();
+      },
+      5));
+  const pid_t tool = ToolPid(name);
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+  EXPECT_TRUE(WaitFor([&] { return kill(tool, 0) != 0; }, 10)) << "tool outlived its parent";
+  EXPECT_TRUE(WaitFor([&] { return NoNamespacesLeft(name); }, 5));
+  EXPECT_TRUE(WaitFor([&] { return !h.HasTunDevice(); }, 5));
+}
+
+TEST(WanemIntegration, SigkillOfTheToolIsCleanedByItsReaper) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("kill");
+  const pid_t parent = SpawnRunUnderParent(name);
+  ASSERT_TRUE(WaitFor([&] { return ListNamespaces(NamespacePrefix(name)).size() == 2; }, 10));
+  ASSERT_TRUE(WaitFor([&] { return ToolPid(name) > 0; }, 5));
+  NamespaceHandle h;
+  // Reopened on each try: until `ip netns add` has bind-mounted the namespace, the name is a
+  // plain file.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        h = OpenNamespace(NamespaceName(name, 0));
+        return h.HasTunDevice();
+      },
+      5));
+  kill(ToolPid(name), SIGKILL);
+  waitpid(parent, nullptr, 0);
+  EXPECT_TRUE(WaitFor([&] { return NoNamespacesLeft(name); }, 5));
+  EXPECT_TRUE(WaitFor([&] { return !h.HasTunDevice(); }, 5));
+}
+
+TEST(WanemIntegration, UpExecDown) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("up");
+  const std::string bin = STRAIT_WANEM_BINARY;
+  auto [up_rc, up_out] = Shell(bin + " up --name " + name + " --link 100mbit,5ms");
+  ASSERT_EQ(up_rc, 0) << up_out;
+  EXPECT_THAT(up_out, HasSubstr(NamespaceName(name, 1)));
+  auto [ex_rc, ex_out] = Shell(bin + " exec --name " + name + " 1 -- ip -o -4 addr show");
+  EXPECT_EQ(ex_rc, 0) << ex_out;
+  EXPECT_THAT(ex_out, HasSubstr("10.201.1.1/16"));
+  auto [dn_rc, dn_out] = Shell(bin + " down --name " + name);
+  EXPECT_EQ(dn_rc, 0) << dn_out;
+  EXPECT_TRUE(NoNamespacesLeft(name));
+}
+
+TEST(WanemIntegration, BadFlagsGiveOneClearError) {
+  const std::string bin = STRAIT_WANEM_BINARY;
+  auto [rc, out] = Shell(bin + " run --link rate=fast -- true");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("rate='fast'"));
+  auto [rc2, out2] = Shell(bin + " run --pair 0:7=loss=1% -- true");
+  EXPECT_EQ(rc2, 2);
+  EXPECT_THAT(out2, HasSubstr("'7'"));
+}
+
+}  // namespace
+}  // namespace strait::wanem
