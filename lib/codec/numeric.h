@@ -4,8 +4,9 @@
 // the reference: every vector path must give the same bits.
 //
 // Rounding is to nearest, ties to even, everywhere. NaN inputs give a quiet NaN of the same sign
-// (payload truncated, as x86's F16C does). Overflow: float16 and bfloat16 and e5m2 go to
-// infinity (IEEE); e4m3 (the "fn" variant, which has no infinity) saturates to +-448.
+// (float16/bfloat16: payload truncated, as x86's F16C does; fp8: the canonical NaN). Overflow:
+// float16 and bfloat16 and e5m2 go to infinity (IEEE); e4m3 (the "fn" variant, which has no
+// infinity) saturates to +-448.
 #ifndef STRAIT_LIB_CODEC_NUMERIC_H_
 #define STRAIT_LIB_CODEC_NUMERIC_H_
 
@@ -79,7 +80,9 @@ STRAIT_HD uint16_t FloatToHalf(float f) {
 
 // ---- bfloat16 ------------------------------------------------------------------------------
 
-STRAIT_HD float Bf16ToFloat(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }
+STRAIT_HD float Bf16ToFloat(uint16_t b) {
+  return BitsFloat(static_cast<uint32_t>(b) << 16);
+}
 
 STRAIT_HD uint16_t FloatToBf16(float f) {
   const uint32_t x = FloatBits(f);
@@ -120,11 +123,15 @@ STRAIT_HD uint8_t FloatToE4m3Impl(float f, bool stochastic, uint32_t rand_bits20
   return static_cast<uint8_t>(sign | (exp << 3) | ((x >> 20) & 0x7u));
 }
 
-STRAIT_HD uint8_t FloatToE4m3(float f) { return FloatToE4m3Impl(f, false, 0, 0.0f); }
+STRAIT_HD uint8_t FloatToE4m3(float f) {
+  return FloatToE4m3Impl(f, false, 0, 0.0f);
+}
 
 // ---- fp8 e5m2 (IEEE-like: has infinity and NaN, max 57344) -----------------------------------
 
-STRAIT_HD float E5m2ToFloat(uint8_t b) { return HalfToFloat(static_cast<uint16_t>(b) << 8); }
+STRAIT_HD float E5m2ToFloat(uint8_t b) {
+  return HalfToFloat(static_cast<uint16_t>(b) << 8);
+}
 
 STRAIT_HD uint8_t FloatToE5m2(float f) {
   uint32_t x = FloatBits(f);
