@@ -189,6 +189,47 @@ TEST(LosslessCodec, ShuffleHelpsZstdOnFloat32Gradients) {
   EXPECT_LT(shuffled.size(), input.size());
 }
 
+// Large shuffled stages are compressed plane by plane, noise planes stored as raw zstd blocks:
+// the payload must still be one standard zstd stream (several frames) that decodes bit-exact, fits
+// MaxFrameSize, and keeps the exponent plane's gain.
+TEST(LosslessCodec, PlaneWiseZstdIsStandardAndBitExact) {
+  struct Case {
+    DataType dtype;
+    size_t count;
+  };
+  // 2-, 4- and 8-byte elements with planes of at least 128 KiB; odd counts leave no remainder
+  // bytes (elements are whole), so the last plane's length equals the others.
+  for (const Case c : {Case{DataType::kFloat32, 262147}, Case{DataType::kBfloat16, 300001},
+                       Case{DataType::kUint64, 140000}, Case{DataType::kFloat64, 131072}}) {
+    SCOPED_TRACE(DataTypeName(c.dtype));
+    const std::vector<uint8_t> input = MakeInput(c.dtype, c.count, 11);
+    CodecOptions o;
+    o.codec = CodecId::kZstd;
+    std::vector<uint8_t> exact(MaxFrameSize(c.count, c.dtype, o));
+    Encoder encoder;
+    StatusOr<size_t> size =
+        encoder.EncodeInto(input.data(), c.count, c.dtype, o, std::span<uint8_t>(exact));
+    ASSERT_TRUE(size.ok()) << size.status();
+    EXPECT_LT(*size, input.size()) << "the low-entropy planes should still compress";
+    // Several concatenated zstd frames (one per plane), each starting with zstd's magic.
+    const uint8_t* payload = exact.data() + kFrameHeaderSize;
+    const uint8_t magic[4] = {0x28, 0xB5, 0x2F, 0xFD};
+    EXPECT_EQ(std::memcmp(payload, magic, 4), 0);
+    size_t frames = 0;
+    for (size_t i = 0; i + 4 <= *size - kFrameHeaderSize; ++i) {
+      if (std::memcmp(payload + i, magic, 4) == 0) ++frames;
+    }
+    EXPECT_GE(frames, DataTypeSize(c.dtype));
+    std::vector<uint8_t> back(input.size(), 0xAA);
+    Decoder decoder;
+    ASSERT_TRUE(decoder
+                    .Decode(std::span<const uint8_t>(exact.data(), *size), back.data(), c.count,
+                            c.dtype)
+                    .ok());
+    EXPECT_EQ(back, input);
+  }
+}
+
 TEST(LosslessCodec, IncompressibleDataFitsMaxFrameSize) {
   std::mt19937_64 rng(3);
   for (size_t n : {size_t{1}, size_t{1000}, size_t{300000}}) {
