@@ -1,0 +1,3 @@
+// The one translation unit that compiles Asio (ASIO_SEPARATE_COMPILATION), TLS included.
+#include <asio/impl/src.hpp>
+#include <asio/ssl/impl/src.hpp>

@@ -1,0 +1,264 @@
+// Sender and receiver bookkeeping for reliable ordered delivery (see delivery.h).
+#include "net/delivery.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace strait::net {
+
+void SendBook::Enqueue(uint32_t channel, std::vector<uint8_t> data, int64_t deadline_ns,
+                       SendDone done) {
+  auto message = std::make_shared<OutMessage>();
+  message->channel = channel;
+  message->data = std::move(data);
+  message->deadline_ns = deadline_ns;
+  message->done = std::move(done);
+  queued_bytes_ += message->data.size();
+  uncut_.push_back(message);
+  live_.push_back(std::move(message));
+}
+
+const OutChunk* SendBook::Next(int stream, uint32_t chunk_bytes, uint64_t max_inflight) {
+  uint64_t& inflight = inflight_[stream];
+  if (inflight >= max_inflight) return nullptr;
+  if (!resend_.empty()) {
+    auto it = unacked_.find(*resend_.begin());
+    resend_.erase(resend_.begin());
+    // Every seq in resend_ is unacked: OnAck erases acked seqs from both.
+    OutChunk& chunk = it->second;
+    chunk.stream = stream;
+    inflight += chunk.length;
+    ++chunks_resent_;
+    return &chunk;
+  }
+  while (!uncut_.empty()) {
+    std::shared_ptr<OutMessage> message = uncut_.front();
+    if (message->finished && !message->started) {  // expired before it was started
+      uncut_.pop_front();
+      continue;
+    }
+    if (!message->started) {
+      message->started = true;
+      message->id = next_message_id_[message->channel]++;
+    }
+    const uint64_t left = message->data.size() - message->cut;
+    const uint32_t cap = std::clamp<uint32_t>(chunk_bytes, 1, kMaxChunkPayload);
+    const auto length = static_cast<uint32_t>(std::min<uint64_t>(left, cap));
+    OutChunk chunk;
+    chunk.seq = next_seq_++;
+    chunk.message = message;
+    chunk.offset = message->cut;
+    chunk.length = length;
+    chunk.stream = stream;
+    message->cut += length;
+    message->outstanding++;
+    queued_bytes_ -= length;
+    if (message->fully_cut()) uncut_.pop_front();
+    inflight += length;
+    auto [it, inserted] = unacked_.emplace(chunk.seq, std::move(chunk));
+    (void)inserted;
+    return &it->second;
+  }
+  return nullptr;
+}
+
+void SendBook::Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_bytes,
+                     std::vector<Completion>* completions) {
+  OutChunk& chunk = it->second;
+  if (chunk.stream >= 0) {
+    inflight_[chunk.stream] -= chunk.length;
+  } else {
+    resend_.erase(chunk.seq);
+  }
+  *acked_bytes += chunk.length;
+  OutMessage& message = *chunk.message;
+  message.outstanding--;
+  if (message.fully_cut() && message.outstanding == 0 && !message.finished) {
+    message.finished = true;
+    completions->push_back(Completion{std::move(message.done), Status::Ok()});
+  }
+  unacked_.erase(it);
+}
+
+Status SendBook::OnAck(const Ack& ack, uint64_t* acked_bytes,
+                       std::vector<Completion>* completions) {
+  *acked_bytes = 0;
+  uint64_t top = ack.cumulative;
+  if (!ack.ranges.empty()) top = std::max(top, ack.ranges.back().end);
+  if (top > next_seq_) {
+    return DataLossError("peer acknowledged chunk " + std::to_string(top - 1) +
+                         " but only " + std::to_string(next_seq_) + " were sent");
+  }
+  while (!unacked_.empty() && unacked_.begin()->first < ack.cumulative) {
+    Acked(unacked_.begin(), acked_bytes, completions);
+  }
+  for (const AckRange& range : ack.ranges) {
+    auto it = unacked_.lower_bound(range.begin);
+    while (it != unacked_.end() && it->first < range.end) {
+      auto next = std::next(it);
+      Acked(it, acked_bytes, completions);
+      it = next;
+    }
+  }
+  while (!live_.empty() && live_.front()->finished) live_.pop_front();
+  return Status::Ok();
+}
+
+size_t SendBook::OnStreamLost(int stream) {
+  size_t moved = 0;
+  for (auto& [seq, chunk] : unacked_) {
+    if (chunk.stream != stream) continue;
+    chunk.stream = -1;
+    resend_.insert(seq);
+    ++moved;
+  }
+  inflight_[stream] = 0;
+  return moved;
+}
+
+void SendBook::ExpireDeadlines(int64_t now_ns, const std::string& peer,
+                               std::vector<Completion>* completions) {
+  for (auto& message : live_) {
+    if (message->finished || message->deadline_ns > now_ns) continue;
+    message->finished = true;
+    std::string what = "send of " + std::to_string(message->data.size()) +
+                       " bytes on channel " + std::to_string(message->channel) + " to " + peer;
+    if (!message->started) {
+      queued_bytes_ -= message->data.size();
+      what += " passed its deadline before it could start; it was not sent";
+    } else {
+      what += " was not acknowledged before its deadline; the peer may still receive it";
+    }
+    completions->push_back(Completion{std::move(message->done), DeadlineExceededError(what)});
+  }
+  while (!live_.empty() && live_.front()->finished) live_.pop_front();
+}
+
+void SendBook::FailAll(const Status& status, std::vector<Completion>* completions) {
+  for (auto& message : live_) {
+    if (message->finished) continue;
+    message->finished = true;
+    completions->push_back(Completion{std::move(message->done), status});
+  }
+  live_.clear();
+  uncut_.clear();
+  unacked_.clear();
+  resend_.clear();
+  inflight_.clear();
+  queued_bytes_ = 0;
+}
+
+uint64_t SendBook::inflight_bytes(int stream) const {
+  auto it = inflight_.find(stream);
+  return it == inflight_.end() ? 0 : it->second;
+}
+
+bool ReceiveBook::IsDuplicate(uint64_t seq) const {
+  if (seq < cumulative_) return true;
+  auto it = above_.upper_bound(seq);
+  if (it == above_.begin()) return false;
+  --it;
+  return seq < it->second;
+}
+
+void ReceiveBook::MarkReceived(uint64_t seq) {
+  // Insert [seq, seq+1) and merge with its neighbours.
+  uint64_t begin = seq;
+  uint64_t end = seq + 1;
+  auto next = above_.lower_bound(seq);
+  if (next != above_.end() && next->first == end) {
+    end = next->second;
+    next = above_.erase(next);
+  }
+  if (next != above_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second == begin) {
+      begin = prev->first;
+      above_.erase(prev);
+    }
+  }
+  if (begin == cumulative_) {
+    cumulative_ = end;
+  } else {
+    above_.emplace(begin, end);
+  }
+}
+
+Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> payload,
+                            bool* duplicate, std::vector<Delivery>* deliveries) {
+  *duplicate = false;
+  if (IsDuplicate(header.seq)) {
+    *duplicate = true;
+    return Status::Ok();
+  }
+  if (header.seq - cumulative_ >= kMaxSeqWindow) {
+    return DataLossError("chunk " + std::to_string(header.seq) + " is too far ahead of " +
+                         std::to_string(cumulative_));
+  }
+  if (header.message_length > max_message_bytes_) {
+    return ResourceExhaustedError("peer sends a message of " +
+                                  std::to_string(header.message_length) +
+                                  " bytes; this link accepts at most " +
+                                  std::to_string(max_message_bytes_));
+  }
+  if (header.offset > header.message_length ||
+      payload.size() > header.message_length - header.offset) {
+    return DataLossError("chunk lies outside its message");
+  }
+  Channel& channel = channels_[header.channel];
+  if (header.message_id < channel.next_id) {
+    return DataLossError("chunk " + std::to_string(header.seq) + " belongs to message " +
+                         std::to_string(header.message_id) + " on channel " +
+                         std::to_string(header.channel) + ", which was already delivered");
+  }
+  auto it = channel.messages.find(header.message_id);
+  if (it == channel.messages.end()) {
+    if (partial_count_ >= kMaxPartialMessages) {
+      return ResourceExhaustedError("peer has too many messages in flight");
+    }
+    Partial partial;
+    partial.data.resize(header.message_length);
+    it = channel.messages.emplace(header.message_id, std::move(partial)).first;
+    ++partial_count_;
+  }
+  Partial& partial = it->second;
+  if (partial.data.size() != header.message_length || partial.complete) {
+    return DataLossError("chunk " + std::to_string(header.seq) +
+                         " disagrees with earlier chunks of message " +
+                         std::to_string(header.message_id) + " on channel " +
+                         std::to_string(header.channel));
+  }
+  if (payload.size() > partial.data.size() - partial.received) {
+    return DataLossError("chunks of message " + std::to_string(header.message_id) +
+                         " on channel " + std::to_string(header.channel) + " overlap");
+  }
+  if (!payload.empty()) {
+    std::memcpy(partial.data.data() + header.offset, payload.data(), payload.size());
+  }
+  partial.received += payload.size();
+  if (partial.received == partial.data.size()) partial.complete = true;
+  MarkReceived(header.seq);
+  while (!channel.messages.empty() && channel.messages.begin()->first == channel.next_id &&
+         channel.messages.begin()->second.complete) {
+    deliveries->push_back(
+        Delivery{header.channel, std::move(channel.messages.begin()->second.data)});
+    channel.messages.erase(channel.messages.begin());
+    --partial_count_;
+    ++channel.next_id;
+  }
+  return Status::Ok();
+}
+
+Ack ReceiveBook::MakeAck() const {
+  Ack ack;
+  ack.cumulative = cumulative_;
+  for (const auto& [begin, end] : above_) {
+    if (ack.ranges.size() == kMaxAckRanges) break;
+    ack.ranges.push_back(AckRange{begin, end});
+  }
+  return ack;
+}
+
+}  // namespace strait::net

@@ -1,0 +1,173 @@
+// The bookkeeping behind reliable, ordered, exactly-once delivery over a pool of streams,
+// kept free of sockets so that it is unit-tested on its own.
+//
+// SendBook (sender side): messages wait whole in a queue and are cut into chunks only when a
+// stream asks for one (Next), so the chunk size can follow the link and a slow stream simply asks
+// less often (work stealing). Every chunk gets the next link-wide sequence number and stays
+// "unacked" until an ack covers it. When a stream dies, its unacked chunks go to a resend queue
+// that every stream drains before cutting new chunks. A message completes when all of its chunks
+// are acked.
+//
+// ReceiveBook (receiver side): de-duplicates chunks by sequence number (a resent chunk may have
+// arrived already), builds the cumulative + selective ack, copies payloads into their message,
+// and hands out whole messages in per-channel order.
+//
+// Thread safety: none; each book belongs to one link and is used on its I/O thread only.
+#ifndef STRAIT_LIB_NET_DELIVERY_H_
+#define STRAIT_LIB_NET_DELIVERY_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/wire.h"
+#include "strait/status.h"
+
+namespace strait::net {
+
+// Called once per message with OK (every chunk acknowledged) or why it failed.
+using SendDone = std::function<void(Status)>;
+
+// A callback to run after the book is consistent again (never from inside the book).
+struct Completion {
+  SendDone done;
+  Status status;
+};
+
+struct OutMessage {
+  uint32_t channel = 0;
+  uint64_t id = 0;  // per channel; assigned when the first chunk is cut
+  std::vector<uint8_t> data;
+  uint64_t cut = 0;          // bytes already cut into chunks
+  bool started = false;      // the first chunk has been cut
+  uint64_t outstanding = 0;  // chunks cut but not yet acked
+  int64_t deadline_ns = INT64_MAX;
+  SendDone done;
+  bool finished = false;  // done has been scheduled
+
+  bool fully_cut() const { return started && cut == data.size(); }
+};
+
+struct OutChunk {
+  uint64_t seq = 0;
+  std::shared_ptr<OutMessage> message;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  int stream = -1;  // the stream it was last written to; -1 while waiting in the resend queue
+
+  DataHeader header() const {
+    return DataHeader{seq, message->channel, message->id, message->data.size(), offset};
+  }
+  const uint8_t* payload() const { return message->data.data() + offset; }
+};
+
+class SendBook {
+ public:
+  // Queues a message. `deadline_ns` is in MonotonicNanos time.
+  void Enqueue(uint32_t channel, std::vector<uint8_t> data, int64_t deadline_ns, SendDone done);
+
+  // The next chunk for `stream` (resends first, then new cuts of at most `chunk_bytes`), or null
+  // when there is nothing to send or the stream already has `max_inflight` unacked bytes.
+  // The pointer stays valid until the chunk is acked or the book is failed.
+  const OutChunk* Next(int stream, uint32_t chunk_bytes, uint64_t max_inflight);
+
+  // Applies an ack. Fails (and changes nothing) when it covers a sequence number never sent.
+  // `acked_bytes` receives the payload bytes newly acknowledged.
+  Status OnAck(const Ack& ack, uint64_t* acked_bytes, std::vector<Completion>* completions);
+
+  // The stream died: its unacked chunks go to the resend queue. Returns how many.
+  size_t OnStreamLost(int stream);
+
+  // Completes every unfinished message whose deadline passed with kDeadlineExceeded. Messages
+  // not yet started are dropped (never sent); started ones keep going, because the receiver
+  // needs every message id on a channel to keep order, and may still deliver them.
+  void ExpireDeadlines(int64_t now_ns, const std::string& peer,
+                       std::vector<Completion>* completions);
+
+  // Fails every unfinished message with `status` and forgets all chunks.
+  void FailAll(const Status& status, std::vector<Completion>* completions);
+
+  uint64_t inflight_bytes(int stream) const;
+  uint64_t queued_bytes() const { return queued_bytes_; }  // not yet cut
+  size_t unacked_chunks() const { return unacked_.size(); }
+  size_t resend_queue() const { return resend_.size(); }
+  uint64_t chunks_resent() const { return chunks_resent_; }
+  uint64_t next_seq() const { return next_seq_; }
+  bool has_work() const { return !resend_.empty() || !uncut_.empty(); }
+  bool idle() const { return uncut_.empty() && unacked_.empty(); }
+
+ private:
+  void Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_bytes,
+             std::vector<Completion>* completions);
+
+  uint64_t next_seq_ = 0;
+  std::unordered_map<uint32_t, uint64_t> next_message_id_;
+  std::deque<std::shared_ptr<OutMessage>> uncut_;  // not fully cut, in send order
+  std::deque<std::shared_ptr<OutMessage>> live_;   // not finished, in send order (deadlines)
+  std::map<uint64_t, OutChunk> unacked_;
+  std::set<uint64_t> resend_;
+  std::unordered_map<int, uint64_t> inflight_;
+  uint64_t queued_bytes_ = 0;
+  uint64_t chunks_resent_ = 0;
+};
+
+struct Delivery {
+  uint32_t channel = 0;
+  std::vector<uint8_t> data;
+};
+
+class ReceiveBook {
+ public:
+  // Sequence numbers further than this above the cumulative point are a protocol error: the
+  // sender's in-flight limits keep honest peers far below it, and it bounds the ack state.
+  static constexpr uint64_t kMaxSeqWindow = uint64_t{1} << 22;
+  // Messages being assembled at once, over all channels.
+  static constexpr size_t kMaxPartialMessages = 1 << 16;
+
+  explicit ReceiveBook(uint64_t max_message_bytes) : max_message_bytes_(max_message_bytes) {}
+
+  // Whether `seq` was received already (so its payload need not be looked at).
+  bool IsDuplicate(uint64_t seq) const;
+
+  // Takes one chunk. A duplicate sets *duplicate and is otherwise ignored. Completed messages
+  // that are next in their channel's order are appended to `deliveries`. A chunk that
+  // contradicts earlier ones, or would exceed the limits, is an error (the stream is closed).
+  Status OnChunk(const DataHeader& header, std::span<const uint8_t> payload, bool* duplicate,
+                 std::vector<Delivery>* deliveries);
+
+  // The ack describing everything received (at most kMaxAckRanges selective ranges: the lowest
+  // ones, which are the ones a sender is most likely waiting on).
+  Ack MakeAck() const;
+
+  uint64_t cumulative() const { return cumulative_; }
+  size_t partial_messages() const { return partial_count_; }
+
+ private:
+  struct Partial {
+    std::vector<uint8_t> data;
+    uint64_t received = 0;
+    bool complete = false;
+  };
+  struct Channel {
+    uint64_t next_id = 0;
+    std::map<uint64_t, Partial> messages;
+  };
+  void MarkReceived(uint64_t seq);
+
+  uint64_t max_message_bytes_;
+  uint64_t cumulative_ = 0;
+  std::map<uint64_t, uint64_t> above_;  // disjoint [begin, end) ranges, all above cumulative_
+  std::unordered_map<uint32_t, Channel> channels_;
+  size_t partial_count_ = 0;
+};
+
+}  // namespace strait::net
+
+#endif  // STRAIT_LIB_NET_DELIVERY_H_

@@ -1,0 +1,57 @@
+// Plain snapshots of what a link and an endpoint have measured and counted, for callers
+// (metrics, codec choice, strait-bench). Copies: reading one never blocks the link.
+#ifndef STRAIT_LIB_NET_ESTIMATES_H_
+#define STRAIT_LIB_NET_ESTIMATES_H_
+
+#include <cstdint>
+
+namespace strait::net {
+
+struct LinkEstimates {
+  // Acknowledged payload bytes per second, an EWMA over intervals in which the link had data to
+  // send (an idle link keeps its last estimate instead of decaying to zero). 0 = not measured.
+  double goodput_bytes_per_s = 0;
+  // Round-trip time from ping/pong records, which queue behind data in the stream (so this is
+  // the RTT a chunk sees). 0 = not measured yet.
+  int64_t rtt_min_ns = 0;
+  int64_t rtt_smoothed_ns = 0;
+  // The kernel's smoothed RTT (TCP_INFO tcpi_rtt) averaged over the streams up; 0 if unknown.
+  int64_t tcp_rtt_ns = 0;
+  // TCP retransmissions (TCP_INFO tcpi_total_retrans) summed over every stream this link ever
+  // had, including closed ones.
+  uint64_t tcp_retransmissions = 0;
+  int streams_up = 0;
+  int streams_target = 0;       // K: the pool size the link is aiming for (dialer side)
+  uint32_t chunk_bytes = 0;     // the chunk size currently cut
+  uint64_t bytes_sent = 0;      // payload bytes written, resends included
+  uint64_t bytes_acked = 0;     // payload bytes the peer acknowledged
+  uint64_t bytes_received = 0;  // payload bytes read, duplicates included
+  uint64_t chunks_sent = 0;
+  uint64_t chunks_resent = 0;   // chunks written again after their stream died
+  uint64_t duplicate_chunks = 0;  // received chunks dropped as duplicates
+  uint64_t messages_sent = 0;     // sends completed OK
+  uint64_t messages_delivered = 0;
+  uint64_t send_failures = 0;     // sends completed with an error
+  uint64_t stream_failures = 0;   // streams that died (any cause) or could not be dialled
+  uint64_t protocol_errors = 0;   // streams closed because the peer broke the protocol
+  uint64_t queued_bytes = 0;      // bytes waiting to be cut into chunks
+  bool unreachable = false;       // the link gave up: no stream came up within the deadline
+};
+
+// Counters of the endpoint's listener and dialer: peers refused, by reason. Every refusal also
+// logs one warning line naming the peer address and the reason.
+struct EndpointCounters {
+  uint64_t streams_accepted = 0;
+  uint64_t tls_handshake_failures = 0;  // includes certificates from another CA, garbage on TLS
+  uint64_t bad_magic = 0;               // not a Strait hello (garbage bytes, TLS mismatch)
+  uint64_t bad_version = 0;             // a hello with another wire version
+  uint64_t bad_hello = 0;               // malformed hello fields
+  uint64_t unknown_region = 0;          // certificate names a region not in the config
+  uint64_t identity_mismatch = 0;       // hello region differs from the certificate's region
+  uint64_t handshake_timeouts = 0;      // TCP/TLS/hello not completed within the deadline
+  uint64_t links_accepted = 0;
+};
+
+}  // namespace strait::net
+
+#endif  // STRAIT_LIB_NET_ESTIMATES_H_

@@ -1,0 +1,1293 @@
+// Endpoints, links and streams on Asio (see link.h for the contract, wire.h for the format).
+//
+// Everything below runs on the endpoint's single I/O thread, except the public handle methods,
+// which only post work to it (and read mutex-guarded snapshots). Protocol code is written with
+// completion callbacks rather than C++20 coroutines: clang 14 with libstdc++ 12 is not detected
+// by Asio 1.22 as coroutine-capable and, forced, fails to compile under -fsanitize=undefined
+// ("Cannot represent a difference across sections"), and CI builds exactly that.
+//
+// Ownership: a StreamConn is kept alive by its pending handlers and by its link's slot table; it
+// holds its LinkCore until it goes down (that cycle is broken in StreamDown). A LinkCore is kept
+// by its user handles, by the endpoint's registry (until it fails or closes), and by its streams.
+// The Runtime (io_context + thread) is kept by the Endpoint and by every Link handle, never by
+// anything that lives inside the io_context, so that nothing keeps itself alive.
+#include "net/link.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <asio.hpp>
+#include <asio/ssl.hpp>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "net/adapt.h"
+#include "net/socket_options.h"
+#include "net/tls.h"
+#include "net/wire.h"
+
+namespace strait::net {
+namespace {
+
+using asio::ip::tcp;
+using TlsStream = asio::ssl::stream<tcp::socket>;
+
+constexpr int64_t kTickNs = 50'000'000;
+constexpr int64_t kGoodputWindowNs = 250'000'000;
+constexpr int64_t kAdaptWindowNs = 1'000'000'000;
+
+uint64_t RandomU64() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
+
+std::string Describe(const asio::error_code& ec) { return ec.message(); }
+
+}  // namespace
+
+// The io_context and its thread. Post() refuses work once shutdown began, so a caller can fail
+// its own callback instead of posting into a loop that will never run it.
+class Runtime {
+ public:
+  Runtime() : guard_(asio::make_work_guard(io_)) {
+    thread_ = std::thread([this] {
+      thread_id_.store(std::this_thread::get_id());
+      io_.run();
+    });
+  }
+  ~Runtime() { Shutdown(nullptr); }
+
+  template <typename F>
+  bool Post(F&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    asio::post(io_, std::forward<F>(fn));
+    return true;
+  }
+
+  // Runs `last` on the I/O thread after everything posted before, then stops and joins.
+  void Shutdown(std::function<void()> last) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopped_) {
+        stopped_ = true;
+        asio::post(io_, [this, last = std::move(last)] {
+          if (last) last();
+          io_.stop();
+        });
+      }
+    }
+    if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+  }
+
+  bool OnIoThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+  asio::io_context& io() { return io_; }
+
+ private:
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> guard_;
+  std::mutex mu_;
+  bool stopped_ = false;
+  std::atomic<std::thread::id> thread_id_{};
+  std::thread thread_;
+};
+
+class LinkCore;
+class EndpointCore;
+
+struct Link::Impl {
+  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<LinkCore> core;
+};
+
+// One TCP (optionally TLS) stream. I/O-thread only.
+class StreamConn : public std::enable_shared_from_this<StreamConn> {
+ public:
+  StreamConn(tcp::socket socket, asio::ssl::context* tls, std::string peer)
+      : timer_(socket.get_executor()), peer_(std::move(peer)) {
+    if (tls != nullptr) {
+      tls_ = std::make_unique<TlsStream>(std::move(socket), *tls);
+    } else {
+      plain_.emplace(std::move(socket));
+    }
+  }
+
+  tcp::socket& Lowest() { return tls_ ? tls_->next_layer() : *plain_; }
+  TlsStream* tls() { return tls_.get(); }
+
+  template <typename Buffers, typename Handler>
+  void Write(const Buffers& buffers, Handler&& handler) {
+    if (tls_) {
+      asio::async_write(*tls_, buffers, std::forward<Handler>(handler));
+    } else {
+      asio::async_write(*plain_, buffers, std::forward<Handler>(handler));
+    }
+  }
+  template <typename Buffers, typename Handler>
+  void Read(const Buffers& buffers, Handler&& handler) {
+    if (tls_) {
+      asio::async_read(*tls_, buffers, std::forward<Handler>(handler));
+    } else {
+      asio::async_read(*plain_, buffers, std::forward<Handler>(handler));
+    }
+  }
+
+  // Applies the per-socket options; errors are returned for logging (the stream stays usable
+  // unless congestion control was refused, which Create() already checked).
+  Status Configure(const LinkOptions& options) {
+    const int fd = Lowest().native_handle();
+    STRAIT_RETURN_IF_ERROR(SetNoDelay(fd));
+    STRAIT_RETURN_IF_ERROR(SetCongestionControl(fd, options.congestion_control));
+    return SetNotSentLowat(fd, options.notsent_lowat);
+  }
+
+  // Arms the setup deadline: when it fires, the socket closes and pending setup steps fail.
+  void ArmDeadline(int64_t nanos) {
+    timer_.expires_after(std::chrono::nanoseconds(nanos));
+    timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+      if (ec || self->closed_) return;
+      self->timed_out_ = true;
+      self->Close();
+    });
+  }
+  void DisarmDeadline() { timer_.cancel(); }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    asio::error_code ec;
+    timer_.cancel();
+    if (Lowest().is_open()) {
+      if (auto info = ReadTcpInfo(Lowest().native_handle()); info.ok()) {
+        final_retrans_ = info->total_retrans;
+      }
+      Lowest().shutdown(tcp::socket::shutdown_both, ec);
+      Lowest().close(ec);
+    }
+  }
+
+  bool closed() const { return closed_; }
+  bool timed_out() const { return timed_out_; }
+  const std::string& peer() const { return peer_; }
+
+  // Link-side state (set when the stream joins a link).
+  std::shared_ptr<LinkCore> link;
+  int slot = -1;
+  bool up = false;
+  bool writing = false;
+  bool close_after_write = false;
+  std::vector<uint8_t> control;  // acks, pings, pongs, close: written before any data
+  std::vector<uint8_t> out;      // the write in progress
+  uint64_t out_payload = 0;      // data payload bytes in `out`
+  std::array<uint8_t, kRecordHeaderBytes> header{};
+  std::vector<uint8_t> body;
+  std::vector<uint8_t> hello;  // the hello being read or written during setup
+  int64_t last_rx_ns = 0;
+  int64_t last_ping_ns = 0;
+  uint64_t final_retrans_ = 0;
+
+ private:
+  std::unique_ptr<TlsStream> tls_;
+  std::optional<tcp::socket> plain_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  bool closed_ = false;
+  bool timed_out_ = false;
+};
+
+// Shared parts of the endpoint that links need: options, TLS, counters, the registry.
+class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
+ public:
+  EndpointCore(asio::io_context& io, EndpointOptions options,
+               std::unique_ptr<asio::ssl::context> tls, AcceptCallback on_accept,
+               std::shared_ptr<Runtime> runtime)
+      : io_(io),
+        options_(std::move(options)),
+        tls_(std::move(tls)),
+        on_accept_(std::move(on_accept)),
+        runtime_(std::move(runtime)),
+        peers_(options_.peer_regions.begin(), options_.peer_regions.end()) {}
+
+  asio::io_context& io() { return io_; }
+  const EndpointOptions& options() const { return options_; }
+  asio::ssl::context* tls() { return tls_.get(); }
+  bool AllowedPeer(const std::string& region) const { return peers_.count(region) > 0; }
+
+  template <typename F>
+  void Count(F&& update) {
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    update(counters_);
+  }
+  EndpointCounters Counters() const {
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    return counters_;
+  }
+
+  void StartAccepting(std::unique_ptr<tcp::acceptor> acceptor);
+  void Register(const std::shared_ptr<LinkCore>& link);
+  void Unregister(LinkCore* link);
+  void ShutdownAll();
+
+  // The Runtime is needed to hand out Link handles for accepted links; held weakly so that the
+  // io_context never owns its own Runtime.
+  std::weak_ptr<Runtime> runtime_weak() const { return runtime_; }
+
+ private:
+  void AcceptNext();
+  void SetUpAccepted(std::shared_ptr<StreamConn> stream);
+  void ReadHello(std::shared_ptr<StreamConn> stream, std::string cert_region);
+  void Refuse(const std::shared_ptr<StreamConn>& stream, const std::string& why,
+              uint64_t EndpointCounters::*counter);
+
+  asio::io_context& io_;
+  EndpointOptions options_;
+  std::unique_ptr<asio::ssl::context> tls_;
+  AcceptCallback on_accept_;
+  std::weak_ptr<Runtime> runtime_;
+  std::set<std::string> peers_;
+  std::unique_ptr<tcp::acceptor> acceptor_;
+  // Accepted links by (region, session id); dialed links under session id only in links_.
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<LinkCore>> sessions_;
+  std::vector<std::shared_ptr<LinkCore>> links_;
+  std::set<std::shared_ptr<StreamConn>> handshaking_;
+  mutable std::mutex counters_mu_;
+  EndpointCounters counters_;
+  bool shut_down_ = false;
+};
+
+// One link's state: the books, the stream slots, timers, estimates. I/O-thread only, except
+// Snapshot() and the fields under snapshot_mu_.
+class LinkCore : public std::enable_shared_from_this<LinkCore> {
+ public:
+  enum class Role { kDialer, kAcceptor };
+  enum class State { kActive, kClosed, kFailed };
+
+  LinkCore(std::shared_ptr<EndpointCore> endpoint, Role role, std::string peer_region,
+           tcp::endpoint address, uint64_t session_id, MessageCallback on_message)
+      : endpoint_(std::move(endpoint)),
+        options_(endpoint_->options().link),
+        role_(role),
+        peer_region_(std::move(peer_region)),
+        address_(address),
+        session_id_(session_id),
+        on_message_(std::move(on_message)),
+        receive_(options_.max_message_bytes),
+        tick_(endpoint_->io()),
+        chunk_bytes_(std::min(options_.chunk_bytes, kMaxChunkPayload)),
+        controller_(options_.streams, options_.min_streams, options_.max_streams) {
+    target_streams_ = role_ == Role::kDialer ? options_.streams : 0;
+    if (role_ == Role::kDialer && options_.adapt_streams) {
+      target_streams_ = controller_.streams();
+    }
+    peer_name_ = "region " + peer_region_ + " (" + address_.address().to_string() + ":" +
+                 std::to_string(address_.port()) + ")";
+    est_.streams_target = target_streams_;
+    est_.chunk_bytes = chunk_bytes_;
+    snapshot_ = est_;
+  }
+
+  const std::string& peer_region() const { return peer_region_; }
+  const std::string& peer_name() const { return peer_name_; }
+  void set_on_message(MessageCallback cb) { on_message_ = std::move(cb); }
+
+  void Start() {
+    const int64_t now = MonotonicNanos();
+    no_streams_since_ = now;
+    window_start_ns_ = now;
+    adapt_start_ns_ = now;
+    if (role_ == Role::kDialer) {
+      slots_.resize(static_cast<size_t>(options_.max_streams > target_streams_
+                                            ? options_.max_streams
+                                            : target_streams_));
+      for (int i = 0; i < target_streams_; ++i) Dial(i);
+    }
+    ArmTick();
+  }
+
+  // Public operations, posted by the handle.
+  void Send(uint32_t channel, std::vector<uint8_t> message, Deadline deadline, SendDone done) {
+    if (state_ != State::kActive) {
+      Finish({Completion{std::move(done), failure_}});
+      return;
+    }
+    if (send_.queued_bytes() + message.size() > options_.max_queued_bytes) {
+      Finish({Completion{std::move(done),
+                         ResourceExhaustedError(
+                             "link to " + peer_name_ + " already holds " +
+                             FormatBytes(send_.queued_bytes()) + " unsent; the limit is " +
+                             FormatBytes(options_.max_queued_bytes) + " (max_queued_bytes)")}});
+      return;
+    }
+    send_.Enqueue(channel, std::move(message), deadline.at_nanos(), std::move(done));
+    window_busy_ = true;
+    PumpAll();
+    Publish();
+  }
+
+  void Close(CloseReason reason, Status status) {
+    if (state_ != State::kActive) return;
+    STRAIT_LOG(kInfo, "net") << "closing link to " << peer_name_;
+    for (auto& stream : slots_) {
+      if (!stream || !stream->up) continue;
+      AppendCloseRecord(reason, &stream->control);
+      stream->close_after_write = true;
+      Pump(stream);
+    }
+    End(State::kClosed, std::move(status), /*close_streams=*/false);
+  }
+
+  void KillStream(int index) {
+    if (index < 0 || static_cast<size_t>(index) >= slots_.size() || !slots_[index]) return;
+    // shutdown() without close(): both directions fail as on a dropped connection.
+    asio::error_code ec;
+    slots_[index]->Lowest().shutdown(tcp::socket::shutdown_both, ec);
+  }
+
+  LinkEstimates Snapshot() const {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    return snapshot_;
+  }
+  // Blocks the caller (not the I/O thread) until `n` streams are up or the link ended.
+  Status WaitForStreams(int n, Deadline deadline) {
+    std::unique_lock<std::mutex> lock(snapshot_mu_);
+    const bool met = snapshot_cv_.wait_until(
+        lock, MonoClock::time_point(std::chrono::nanoseconds(deadline.at_nanos())),
+        [&] { return snapshot_.streams_up >= n || snapshot_.unreachable || ended_; });
+    if (snapshot_.streams_up >= n) return Status::Ok();
+    if (!met) {
+      return DeadlineExceededError("link to " + peer_name_ + " has " +
+                                   std::to_string(snapshot_.streams_up) + " of " +
+                                   std::to_string(n) + " streams up at the deadline");
+    }
+    return UnavailableError("link to " + peer_name_ + " ended before " + std::to_string(n) +
+                            " streams came up");
+  }
+
+  // Called by the endpoint when an accepted stream passed every check.
+  void AttachAccepted(const std::shared_ptr<StreamConn>& stream, int index) {
+    if (static_cast<size_t>(index) >= slots_.size()) slots_.resize(static_cast<size_t>(index) + 1);
+    if (slots_[index]) {
+      StreamDown(slots_[index], UnavailableError("replaced by a new stream from the peer"),
+                 false);
+    }
+    Attach(stream, index);
+  }
+
+  // Endpoint shutdown: fail everything, close every stream now.
+  void Shutdown() {
+    End(State::kClosed, UnavailableError("link to " + peer_name_ + " closed: endpoint shut down"),
+        /*close_streams=*/true);
+  }
+
+  bool active() const { return state_ == State::kActive; }
+
+ private:
+  // ---- Dialing -------------------------------------------------------------------------------
+
+  void Dial(int slot) {
+    if (state_ != State::kActive || slot >= target_streams_) return;
+    auto stream = std::make_shared<StreamConn>(tcp::socket(endpoint_->io()), endpoint_->tls(),
+                                               peer_name_ + " stream " + std::to_string(slot));
+    stream->slot = slot;
+    dialing_[slot] = stream;
+    auto self = shared_from_this();
+    stream->ArmDeadline(options_.handshake_timeout_ns);
+    stream->Lowest().async_connect(address_, [self, stream](const asio::error_code& ec) {
+      if (ec) return self->DialFailed(stream, "connect: " + Describe(ec));
+      if (Status s = stream->Configure(self->options_); !s.ok()) {
+        STRAIT_LOG(kWarn, "net") << stream->peer() << ": socket options: " << s;
+      }
+      if (stream->tls() == nullptr) return self->SendHello(stream);
+      stream->tls()->async_handshake(
+          asio::ssl::stream_base::client, [self, stream](const asio::error_code& hec) {
+            if (hec) return self->DialFailed(stream, "TLS handshake: " + Describe(hec));
+            StatusOr<std::string> region = PeerRegion(stream->tls()->native_handle());
+            if (!region.ok()) {
+              self->endpoint_->Count([](EndpointCounters& c) { ++c.identity_mismatch; });
+              return self->DialFailed(stream, region.status().message());
+            }
+            if (*region != self->peer_region_) {
+              self->endpoint_->Count([](EndpointCounters& c) { ++c.identity_mismatch; });
+              return self->DialFailed(stream, "peer certificate names region '" + *region +
+                                                  "', expected '" + self->peer_region_ + "'");
+            }
+            self->SendHello(stream);
+          });
+    });
+  }
+
+  void SendHello(const std::shared_ptr<StreamConn>& stream) {
+    Hello hello;
+    hello.session_id = session_id_;
+    hello.stream_index = static_cast<uint16_t>(stream->slot);
+    hello.region = endpoint_->options().region;
+    stream->hello = EncodeHello(hello);
+    auto self = shared_from_this();
+    stream->Write(asio::buffer(stream->hello), [self, stream](const asio::error_code& ec,
+                                                              size_t) {
+      if (ec) return self->DialFailed(stream, "sending hello: " + Describe(ec));
+      stream->hello.assign(kHelloFixedBytes, 0);
+      stream->Read(asio::buffer(stream->hello), [self, stream](const asio::error_code& rec,
+                                                               size_t) {
+        if (rec) {
+          return self->DialFailed(stream, "reading the peer's hello: " + Describe(rec) +
+                                              " (the peer refused this gateway; see its log)");
+        }
+        Hello reply;
+        size_t region_length = 0;
+        HelloError kind;
+        Status s = ParseHelloFixed(stream->hello, &reply, &region_length, &kind);
+        if (!s.ok()) {
+          self->endpoint_->Count([kind](EndpointCounters& c) {
+            if (kind == HelloError::kBadMagic) ++c.bad_magic;
+            else if (kind == HelloError::kBadVersion) ++c.bad_version;
+            else ++c.bad_hello;
+          });
+          return self->DialFailed(stream, s.message());
+        }
+        stream->hello.assign(region_length, 0);
+        stream->Read(asio::buffer(stream->hello), [self, stream, reply](
+                                                      const asio::error_code& gec, size_t) {
+          if (gec) return self->DialFailed(stream, "reading the peer's hello: " + Describe(gec));
+          std::string region(stream->hello.begin(), stream->hello.end());
+          if (region != self->peer_region_ || reply.session_id != self->session_id_ ||
+              reply.stream_index != stream->slot) {
+            self->endpoint_->Count([](EndpointCounters& c) { ++c.identity_mismatch; });
+            return self->DialFailed(stream, "peer answered as region '" + region +
+                                                "' for another session or stream");
+          }
+          stream->DisarmDeadline();
+          self->dialing_.erase(stream->slot);
+          self->Attach(stream, stream->slot);
+        });
+      });
+    });
+  }
+
+  void DialFailed(const std::shared_ptr<StreamConn>& stream, const std::string& why) {
+    const bool timed_out = stream->timed_out();
+    stream->Close();
+    if (dialing_.count(stream->slot) && dialing_[stream->slot] == stream) {
+      dialing_.erase(stream->slot);
+    }
+    if (state_ != State::kActive) return;
+    ++est_.stream_failures;
+    last_error_ = (timed_out ? "timed out (" + why + ")" : why);
+    if (timed_out) endpoint_->Count([](EndpointCounters& c) { ++c.handshake_timeouts; });
+    STRAIT_LOG(kWarn, "net") << "dialing " << stream->peer() << " failed: " << last_error_;
+    ScheduleRedial(stream->slot);
+    Publish();
+  }
+
+  void ScheduleRedial(int slot) {
+    if (state_ != State::kActive || role_ != Role::kDialer || slot >= target_streams_) return;
+    int& attempt = redial_attempts_[slot];
+    const double base = std::min(static_cast<double>(options_.redial_max_ns),
+                                 static_cast<double>(options_.redial_initial_ns) *
+                                     std::pow(2.0, std::min(attempt, 30)));
+    ++attempt;
+    const double jitter = 0.5 + 0.5 * static_cast<double>(RandomU64() >> 11) * 0x1.0p-53;
+    auto timer = std::make_shared<asio::steady_timer>(endpoint_->io());
+    timer->expires_after(std::chrono::nanoseconds(static_cast<int64_t>(base * jitter)));
+    redial_timers_[slot] = timer;
+    timer->async_wait([self = shared_from_this(), slot, timer](const asio::error_code& ec) {
+      if (ec || self->redial_timers_[slot] != timer) return;
+      self->redial_timers_.erase(slot);
+      if (!self->slots_[slot] && !self->dialing_.count(slot)) self->Dial(slot);
+    });
+  }
+
+  // ---- Streams up and down -------------------------------------------------------------------
+
+  void Attach(const std::shared_ptr<StreamConn>& stream, int slot) {
+    if (state_ != State::kActive) {
+      stream->Close();
+      return;
+    }
+    stream->link = shared_from_this();
+    stream->slot = slot;
+    stream->up = true;
+    stream->last_rx_ns = MonotonicNanos();
+    slots_[slot] = stream;
+    redial_attempts_[slot] = 0;
+    ++streams_up_;
+    STRAIT_LOG(kDebug, "net") << stream->peer() << " up";
+    ReadRecord(stream);
+    Pump(stream);
+    Publish();
+  }
+
+  // Takes a stream out of the pool for good (its slot may be redialled with a new one).
+  // By value: callers pass slots_[i], which this resets.
+  bool Drop(std::shared_ptr<StreamConn> stream) {
+    if (!stream->up) return false;
+    stream->up = false;
+    stream->Close();
+    retrans_closed_ += stream->final_retrans_;
+    const int slot = stream->slot;
+    if (slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot] == stream) {
+      slots_[slot].reset();
+    }
+    stream->link.reset();  // breaks the link <-> stream cycle
+    --streams_up_;
+    if (streams_up_ == 0) no_streams_since_ = MonotonicNanos();
+    return true;
+  }
+
+  void StreamDown(std::shared_ptr<StreamConn> stream, const Status& why, bool protocol_error) {
+    if (!Drop(stream)) return;
+    const int slot = stream->slot;
+    if (state_ != State::kActive) return;
+    ++est_.stream_failures;
+    if (protocol_error) ++est_.protocol_errors;
+    last_error_ = why.message();
+    const size_t requeued = send_.OnStreamLost(slot);
+    STRAIT_LOG(kWarn, "net") << stream->peer() << " down: " << why.message() << "; " << requeued
+                             << " unacknowledged chunks go out on the other streams";
+    ScheduleRedial(slot);
+    PumpAll();
+    Publish();
+  }
+
+  // ---- Reading --------------------------------------------------------------------------------
+
+  void ReadRecord(const std::shared_ptr<StreamConn>& stream) {
+    auto self = shared_from_this();
+    stream->Read(asio::buffer(stream->header), [self, stream](const asio::error_code& ec,
+                                                              size_t) {
+      if (!stream->up) return;
+      if (ec) return self->StreamDown(stream, UnavailableError(Describe(ec)), false);
+      RecordHeader header;
+      if (Status s = ParseRecordHeader(stream->header, &header); !s.ok()) {
+        STRAIT_LOG(kWarn, "net") << stream->peer() << ": protocol error: " << s.message();
+        return self->StreamDown(stream, s, true);
+      }
+      stream->body.resize(header.length);
+      stream->Read(asio::buffer(stream->body), [self, stream, header](
+                                                   const asio::error_code& bec, size_t) {
+        if (!stream->up) return;
+        if (bec) return self->StreamDown(stream, UnavailableError(Describe(bec)), false);
+        stream->last_rx_ns = MonotonicNanos();
+        if (Status s = self->OnRecord(stream, header); !s.ok()) {
+          STRAIT_LOG(kWarn, "net") << stream->peer() << ": protocol error: " << s.message();
+          return self->StreamDown(stream, s, true);
+        }
+        if (stream->up) self->ReadRecord(stream);
+      });
+    });
+  }
+
+  Status OnRecord(const std::shared_ptr<StreamConn>& stream, const RecordHeader& header) {
+    std::span<const uint8_t> body(stream->body);
+    switch (header.type) {
+      case RecordType::kData: {
+        DataHeader data;
+        STRAIT_RETURN_IF_ERROR(ParseDataHeader(body, &data));
+        const auto payload = body.subspan(kDataHeaderBytes);
+        est_.bytes_received += payload.size();
+        bool duplicate = false;
+        std::vector<Delivery> deliveries;
+        STRAIT_RETURN_IF_ERROR(receive_.OnChunk(data, payload, &duplicate, &deliveries));
+        if (duplicate) ++est_.duplicate_chunks;
+        ack_pending_ = true;
+        PumpAll();
+        for (Delivery& d : deliveries) {
+          ++est_.messages_delivered;
+          if (on_message_) on_message_(d.channel, std::move(d.data));
+        }
+        Publish();
+        return Status::Ok();
+      }
+      case RecordType::kAck: {
+        Ack ack;
+        STRAIT_RETURN_IF_ERROR(ParseAck(body, &ack));
+        uint64_t acked = 0;
+        std::vector<Completion> completions;
+        STRAIT_RETURN_IF_ERROR(send_.OnAck(ack, &acked, &completions));
+        est_.bytes_acked += acked;
+        window_acked_ += acked;
+        PumpAll();
+        Finish(std::move(completions));
+        Publish();
+        return Status::Ok();
+      }
+      case RecordType::kPing:
+        AppendPingRecord(RecordType::kPong, GetU64(body.data()), &stream->control);
+        Pump(stream);
+        return Status::Ok();
+      case RecordType::kPong: {
+        const int64_t sample = MonotonicNanos() - static_cast<int64_t>(GetU64(body.data()));
+        if (sample > 0) {
+          est_.rtt_min_ns = est_.rtt_min_ns == 0 ? sample : std::min(est_.rtt_min_ns, sample);
+          est_.rtt_smoothed_ns =
+              est_.rtt_smoothed_ns == 0 ? sample : (7 * est_.rtt_smoothed_ns + sample) / 8;
+        }
+        return Status::Ok();
+      }
+      case RecordType::kClose:
+        STRAIT_LOG(kInfo, "net") << peer_name_ << " closed the link (reason "
+                                 << GetU32(body.data()) << ")";
+        End(State::kClosed, UnavailableError("peer " + peer_name_ + " closed the link"),
+            /*close_streams=*/true);
+        return Status::Ok();
+    }
+    return DataLossError("unhandled record type");
+  }
+
+  // ---- Writing (work stealing) ----------------------------------------------------------------
+
+  void PumpAll() {
+    for (auto& stream : slots_) {
+      if (stream && stream->up) Pump(stream);
+    }
+  }
+
+  // Starts a write on `stream` if it is idle: control records first, then the link's acks, then
+  // one data chunk if the stream's in-flight budget allows. A stream whose socket is slow stays
+  // busy writing and so takes fewer chunks.
+  void Pump(std::shared_ptr<StreamConn> stream) {
+    if (!stream->up || stream->writing) return;
+    stream->out.clear();
+    stream->out_payload = 0;
+    stream->out.swap(stream->control);
+    if (ack_pending_ && state_ == State::kActive) {
+      AppendAckRecord(receive_.MakeAck(), &stream->out);
+      ack_pending_ = false;
+    }
+    if (state_ == State::kActive && !stream->close_after_write) {
+      if (const OutChunk* chunk =
+              send_.Next(stream->slot, chunk_bytes_, options_.max_inflight_per_stream)) {
+        AppendDataRecordHeaders(chunk->header(), chunk->length, &stream->out);
+        stream->out.insert(stream->out.end(), chunk->payload(),
+                           chunk->payload() + chunk->length);
+        stream->out_payload = chunk->length;
+        ++est_.chunks_sent;
+      }
+    }
+    if (stream->out.empty()) return;
+    stream->writing = true;
+    auto self = shared_from_this();
+    stream->Write(asio::buffer(stream->out), [self, stream](const asio::error_code& ec, size_t) {
+      stream->writing = false;
+      if (!stream->up) return;
+      if (ec) return self->StreamDown(stream, UnavailableError(Describe(ec)), false);
+      self->est_.bytes_sent += stream->out_payload;
+      if (stream->close_after_write && stream->control.empty()) {
+        self->Drop(stream);
+        self->Publish();
+        return;
+      }
+      self->Pump(stream);
+    });
+  }
+
+  // ---- Periodic work --------------------------------------------------------------------------
+
+  void ArmTick() {
+    tick_.expires_after(std::chrono::nanoseconds(kTickNs));
+    tick_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+      if (ec || self->state_ != State::kActive) return;
+      self->Tick();
+      if (self->state_ == State::kActive) self->ArmTick();
+    });
+  }
+
+  void Tick() {
+    const int64_t now = MonotonicNanos();
+    std::vector<Completion> completions;
+    send_.ExpireDeadlines(now, peer_name_, &completions);
+    Finish(std::move(completions));
+
+    int64_t tcp_rtt_sum = 0;
+    int tcp_rtt_n = 0;
+    uint64_t retrans = retrans_closed_;
+    for (auto& stream : std::vector<std::shared_ptr<StreamConn>>(slots_)) {
+      if (!stream || !stream->up) continue;
+      if (now - stream->last_rx_ns > options_.stream_timeout_ns) {
+        StreamDown(stream,
+                   UnavailableError("nothing received for " +
+                                    FormatDuration(now - stream->last_rx_ns)),
+                   false);
+        continue;
+      }
+      if (now - stream->last_ping_ns >= options_.ping_interval_ns) {
+        stream->last_ping_ns = now;
+        AppendPingRecord(RecordType::kPing, static_cast<uint64_t>(now), &stream->control);
+        Pump(stream);
+      }
+      if (auto info = ReadTcpInfo(stream->Lowest().native_handle()); info.ok()) {
+        retrans += info->total_retrans;
+        if (info->rtt_ns > 0) {
+          tcp_rtt_sum += info->rtt_ns;
+          ++tcp_rtt_n;
+        }
+      }
+    }
+    est_.tcp_retransmissions = retrans;
+    est_.tcp_rtt_ns = tcp_rtt_n > 0 ? tcp_rtt_sum / tcp_rtt_n : 0;
+
+    // Goodput: only windows in which the link had something to send count.
+    window_busy_ = window_busy_ || !send_.idle();
+    if (now - window_start_ns_ >= kGoodputWindowNs) {
+      const double rate = static_cast<double>(window_acked_) * 1e9 /
+                          static_cast<double>(now - window_start_ns_);
+      if (window_busy_ && window_acked_ > 0) {
+        est_.goodput_bytes_per_s = est_.goodput_bytes_per_s == 0
+                                       ? rate
+                                       : 0.7 * est_.goodput_bytes_per_s + 0.3 * rate;
+        adapt_acked_ += window_acked_;
+        adapt_busy_ = true;
+      }
+      window_start_ns_ = now;
+      window_acked_ = 0;
+      window_busy_ = !send_.idle();
+    }
+    if (now - adapt_start_ns_ >= kAdaptWindowNs) {
+      Adapt(static_cast<double>(adapt_acked_) * 1e9 / static_cast<double>(now - adapt_start_ns_));
+      adapt_start_ns_ = now;
+      adapt_acked_ = 0;
+      adapt_busy_ = false;
+    }
+
+    if (streams_up_ == 0 && now - no_streams_since_ > options_.unreachable_after_ns) {
+      est_.unreachable = true;
+      const std::string what =
+          role_ == Role::kDialer ? "peer " + peer_name_ + " unreachable: no stream up for "
+                                 : "peer " + peer_name_ + " did not reconnect for ";
+      End(State::kFailed,
+          UnavailableError(what + FormatDuration(now - no_streams_since_) +
+                           (last_error_.empty() ? "" : "; last error: " + last_error_)),
+          true);
+      return;
+    }
+    Publish();
+  }
+
+  void Adapt(double goodput) {
+    if (role_ != Role::kDialer) return;
+    if (options_.adapt_chunk) {
+      chunk_bytes_ = ChooseChunkBytes(est_, std::max(1, streams_up_), chunk_bytes_,
+                                      options_.min_chunk_bytes, options_.max_chunk_bytes);
+    }
+    if (options_.adapt_streams) {
+      const int next = controller_.Update(goodput, adapt_busy_);
+      if (next > target_streams_) {
+        for (int i = target_streams_; i < next; ++i) {
+          if (!slots_[i] && !dialing_.count(i)) Dial(i);
+        }
+      } else if (next < target_streams_) {
+        const int old = target_streams_;
+        target_streams_ = next;  // first, so that the slots above are not redialled
+        for (int i = next; i < old; ++i) {
+          redial_timers_.erase(i);
+          if (auto it = dialing_.find(i); it != dialing_.end()) {
+            it->second->Close();
+            dialing_.erase(it);
+          }
+          if (slots_[i]) {
+            StreamDown(slots_[i], CancelledError("fewer streams pay better (adaptation)"),
+                       false);
+          }
+        }
+      }
+      target_streams_ = next;
+    }
+    est_.streams_target = target_streams_;
+    est_.chunk_bytes = chunk_bytes_;
+  }
+
+  // ---- Ending ---------------------------------------------------------------------------------
+
+  void End(State state, Status status, bool close_streams) {
+    if (state_ != State::kActive) return;
+    state_ = state;
+    failure_ = status;
+    if (state == State::kFailed) {
+      STRAIT_LOG(kWarn, "net") << "link failed: " << status.message();
+    }
+    std::vector<Completion> completions;
+    send_.FailAll(status, &completions);
+    est_.send_failures += completions.size();
+    tick_.cancel();
+    redial_timers_.clear();
+    for (auto& [slot, stream] : dialing_) stream->Close();
+    dialing_.clear();
+    for (auto& stream : std::vector<std::shared_ptr<StreamConn>>(slots_)) {
+      if (stream && (close_streams || !stream->writing)) Drop(stream);
+    }
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      ended_ = true;
+    }
+    Publish();  // before the callbacks, so that they see the final state
+    for (auto& c : completions) {
+      if (c.done) c.done(c.status);
+    }
+    on_message_ = nullptr;  // may hold a Link handle: break that cycle
+    endpoint_->Unregister(this);
+  }
+
+  void Finish(std::vector<Completion> completions) {
+    for (Completion& c : completions) {
+      if (c.status.ok()) {
+        ++est_.messages_sent;
+      } else {
+        ++est_.send_failures;
+      }
+      if (c.done) c.done(std::move(c.status));
+    }
+  }
+
+  void Publish() {
+    est_.streams_up = streams_up_;
+    est_.chunks_resent = send_.chunks_resent();
+    est_.queued_bytes = send_.queued_bytes();
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      snapshot_ = est_;
+    }
+    snapshot_cv_.notify_all();
+  }
+
+  std::shared_ptr<EndpointCore> endpoint_;
+  LinkOptions options_;
+  Role role_;
+  std::string peer_region_;
+  tcp::endpoint address_;
+  uint64_t session_id_;
+  std::string peer_name_;
+  MessageCallback on_message_;
+  State state_ = State::kActive;
+  Status failure_;
+  std::string last_error_;
+
+  SendBook send_;
+  ReceiveBook receive_;
+  bool ack_pending_ = false;
+  std::vector<std::shared_ptr<StreamConn>> slots_;
+  std::map<int, std::shared_ptr<StreamConn>> dialing_;
+  std::map<int, std::shared_ptr<asio::steady_timer>> redial_timers_;
+  std::map<int, int> redial_attempts_;
+  int streams_up_ = 0;
+  int target_streams_ = 0;
+  int64_t no_streams_since_ = 0;
+  asio::steady_timer tick_;
+
+  uint32_t chunk_bytes_;
+  StreamCountController controller_;
+  int64_t window_start_ns_ = 0;
+  uint64_t window_acked_ = 0;
+  bool window_busy_ = false;
+  int64_t adapt_start_ns_ = 0;
+  uint64_t adapt_acked_ = 0;
+  bool adapt_busy_ = false;
+  uint64_t retrans_closed_ = 0;
+
+  LinkEstimates est_;
+  mutable std::mutex snapshot_mu_;
+  std::condition_variable snapshot_cv_;
+  LinkEstimates snapshot_;
+  bool ended_ = false;
+};
+
+// ---- EndpointCore -----------------------------------------------------------------------------
+
+void EndpointCore::StartAccepting(std::unique_ptr<tcp::acceptor> acceptor) {
+  acceptor_ = std::move(acceptor);
+  AcceptNext();
+}
+
+void EndpointCore::AcceptNext() {
+  if (!acceptor_ || shut_down_) return;
+  acceptor_->async_accept([self = shared_from_this()](const asio::error_code& ec,
+                                                      tcp::socket socket) {
+    if (self->shut_down_) return;
+    if (ec) {
+      if (ec != asio::error::operation_aborted) {
+        STRAIT_LOG(kWarn, "net") << "accept failed: " << ec.message();
+      }
+    } else {
+      asio::error_code pec;
+      const tcp::endpoint remote = socket.remote_endpoint(pec);
+      const std::string peer = pec ? std::string("unknown peer")
+                                   : remote.address().to_string() + ":" +
+                                         std::to_string(remote.port());
+      auto stream = std::make_shared<StreamConn>(std::move(socket), self->tls(), peer);
+      self->SetUpAccepted(std::move(stream));
+    }
+    self->AcceptNext();
+  });
+}
+
+void EndpointCore::Refuse(const std::shared_ptr<StreamConn>& stream, const std::string& why,
+                          uint64_t EndpointCounters::*counter) {
+  if (stream->timed_out()) counter = &EndpointCounters::handshake_timeouts;
+  Count([counter](EndpointCounters& c) { ++(c.*counter); });
+  STRAIT_LOG(kWarn, "net") << "refused stream from " << stream->peer() << ": "
+                           << (stream->timed_out() ? "timed out during setup (" + why + ")"
+                                                   : why);
+  stream->Close();
+  handshaking_.erase(stream);
+}
+
+void EndpointCore::SetUpAccepted(std::shared_ptr<StreamConn> stream) {
+  handshaking_.insert(stream);
+  stream->ArmDeadline(options_.link.handshake_timeout_ns);
+  if (Status s = stream->Configure(options_.link); !s.ok()) {
+    STRAIT_LOG(kWarn, "net") << stream->peer() << ": socket options: " << s;
+  }
+  auto self = shared_from_this();
+  if (stream->tls() == nullptr) return ReadHello(std::move(stream), "");
+  stream->tls()->async_handshake(
+      asio::ssl::stream_base::server, [self, stream](const asio::error_code& ec) {
+        if (ec) {
+          return self->Refuse(stream, "TLS handshake failed: " + ec.message(),
+                              &EndpointCounters::tls_handshake_failures);
+        }
+        StatusOr<std::string> region = PeerRegion(stream->tls()->native_handle());
+        if (!region.ok()) {
+          return self->Refuse(stream, region.status().message(),
+                              &EndpointCounters::unknown_region);
+        }
+        if (!self->AllowedPeer(*region)) {
+          return self->Refuse(stream,
+                              "certificate names region '" + *region +
+                                  "', which is not among the configured peer regions",
+                              &EndpointCounters::unknown_region);
+        }
+        self->ReadHello(stream, *region);
+      });
+}
+
+void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cert_region) {
+  auto self = shared_from_this();
+  stream->hello.assign(kHelloFixedBytes, 0);
+  stream->Read(asio::buffer(stream->hello), [self, stream, cert_region](
+                                                const asio::error_code& ec, size_t) {
+    if (ec) {
+      return self->Refuse(stream, "no hello: " + ec.message(), &EndpointCounters::bad_hello);
+    }
+    Hello hello;
+    size_t region_length = 0;
+    HelloError kind;
+    if (Status s = ParseHelloFixed(stream->hello, &hello, &region_length, &kind); !s.ok()) {
+      auto counter = kind == HelloError::kBadMagic     ? &EndpointCounters::bad_magic
+                     : kind == HelloError::kBadVersion ? &EndpointCounters::bad_version
+                                                       : &EndpointCounters::bad_hello;
+      return self->Refuse(stream, s.message(), counter);
+    }
+    stream->hello.assign(region_length, 0);
+    stream->Read(asio::buffer(stream->hello), [self, stream, cert_region, hello](
+                                                  const asio::error_code& rec, size_t) mutable {
+      if (rec) {
+        return self->Refuse(stream, "hello truncated: " + rec.message(),
+                            &EndpointCounters::bad_hello);
+      }
+      hello.region.assign(stream->hello.begin(), stream->hello.end());
+      if (!IsValidRegionName(hello.region)) {
+        return self->Refuse(stream, "hello names an invalid region", &EndpointCounters::bad_hello);
+      }
+      if (!cert_region.empty() && hello.region != cert_region) {
+        return self->Refuse(stream,
+                            "hello claims region '" + hello.region +
+                                "' but the certificate names '" + cert_region + "'",
+                            &EndpointCounters::identity_mismatch);
+      }
+      if (!self->AllowedPeer(hello.region)) {
+        return self->Refuse(stream,
+                            "region '" + hello.region + "' is not among the configured peers",
+                            &EndpointCounters::unknown_region);
+      }
+      // Find or create the link this stream belongs to.
+      const auto key = std::make_pair(hello.region, hello.session_id);
+      std::shared_ptr<LinkCore> link;
+      if (auto it = self->sessions_.find(key); it != self->sessions_.end()) {
+        link = it->second;
+      } else {
+        auto runtime = self->runtime_.lock();
+        if (!runtime) return self->Refuse(stream, "shutting down", &EndpointCounters::bad_hello);
+        asio::error_code pec;
+        link = std::make_shared<LinkCore>(self, LinkCore::Role::kAcceptor, hello.region,
+                                          stream->Lowest().remote_endpoint(pec),
+                                          hello.session_id, nullptr);
+        self->sessions_[key] = link;
+        self->links_.push_back(link);
+        self->Count([](EndpointCounters& c) { ++c.links_accepted; });
+        link->Start();
+        STRAIT_LOG(kInfo, "net") << "accepted link from " << link->peer_name();
+        if (self->on_accept_) {
+          auto handle = std::make_shared<Link>(
+              std::make_unique<Link::Impl>(Link::Impl{std::move(runtime), link}));
+          link->set_on_message(self->on_accept_(std::move(handle)));
+        }
+      }
+      // Answer with our hello, then join the stream to the link.
+      Hello reply;
+      reply.session_id = hello.session_id;
+      reply.stream_index = hello.stream_index;
+      reply.region = self->options_.region;
+      stream->hello = EncodeHello(reply);
+      const int index = hello.stream_index;
+      stream->Write(asio::buffer(stream->hello), [self, stream, link, index](
+                                                     const asio::error_code& wec, size_t) {
+        if (wec) {
+          return self->Refuse(stream, "sending hello: " + wec.message(),
+                              &EndpointCounters::bad_hello);
+        }
+        stream->DisarmDeadline();
+        self->handshaking_.erase(stream);
+        self->Count([](EndpointCounters& c) { ++c.streams_accepted; });
+        if (!link->active()) {
+          stream->Close();
+          return;
+        }
+        link->AttachAccepted(stream, index);
+      });
+    });
+  });
+}
+
+void EndpointCore::Register(const std::shared_ptr<LinkCore>& link) {
+  if (shut_down_) {
+    link->Shutdown();
+    return;
+  }
+  links_.push_back(link);
+}
+
+void EndpointCore::Unregister(LinkCore* link) {
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second.get() == link) {
+      sessions_.erase(it);
+      break;
+    }
+  }
+  // Deferred: the caller is a member function of `link`, which this may be the last owner of.
+  auto it = std::find_if(links_.begin(), links_.end(),
+                         [link](const auto& l) { return l.get() == link; });
+  if (it != links_.end()) {
+    asio::post(io_, [keep = std::move(*it)] {});
+    links_.erase(it);
+  }
+}
+
+void EndpointCore::ShutdownAll() {
+  shut_down_ = true;
+  if (acceptor_) {
+    asio::error_code ec;
+    acceptor_->close(ec);
+  }
+  for (auto& stream : handshaking_) stream->Close();
+  handshaking_.clear();
+  for (auto& link : std::vector<std::shared_ptr<LinkCore>>(links_)) link->Shutdown();
+  links_.clear();
+  sessions_.clear();
+  on_accept_ = nullptr;
+}
+
+// ---- Public handles ---------------------------------------------------------------------------
+
+Link::Link(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Link::~Link() = default;
+
+const std::string& Link::peer_region() const { return impl_->core->peer_region(); }
+
+void Link::Send(uint32_t channel, std::vector<uint8_t> message, Deadline deadline,
+                SendDone done) {
+  auto shared_done = std::make_shared<SendDone>(std::move(done));
+  const bool posted = impl_->runtime->Post(
+      [core = impl_->core, channel, message = std::move(message), deadline,
+       shared_done]() mutable { core->Send(channel, std::move(message), deadline,
+                                           std::move(*shared_done)); });
+  if (!posted && *shared_done) {
+    (*shared_done)(UnavailableError("link to region " + peer_region() +
+                                    " is gone: its endpoint was shut down"));
+  }
+}
+
+Status Link::SendAndWait(uint32_t channel, std::vector<uint8_t> message, Deadline deadline) {
+  if (impl_->runtime->OnIoThread()) {
+    return FailedPreconditionError("SendAndWait called from the link's I/O thread");
+  }
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
+  Send(channel, std::move(message), deadline,
+       [promise](Status status) { promise->set_value(std::move(status)); });
+  // The link itself fails the send at the deadline (checked every tick); the margin covers that.
+  const auto until = MonoClock::time_point(std::chrono::nanoseconds(
+      deadline.IsInfinite() ? INT64_MAX / 2 : deadline.at_nanos() + 1'000'000'000));
+  if (future.wait_until(until) != std::future_status::ready) {
+    return DeadlineExceededError("send to region " + peer_region() + " did not complete");
+  }
+  return future.get();
+}
+
+Status Link::WaitForStreams(int streams, Deadline deadline) {
+  if (impl_->runtime->OnIoThread()) {
+    return FailedPreconditionError("WaitForStreams called from the link's I/O thread");
+  }
+  return impl_->core->WaitForStreams(streams, deadline);
+}
+
+LinkEstimates Link::Estimates() const { return impl_->core->Snapshot(); }
+
+void Link::Close() {
+  impl_->runtime->Post([core = impl_->core] {
+    core->Close(CloseReason::kNormal,
+                CancelledError("link to " + core->peer_name() + " closed by its owner"));
+  });
+}
+
+void Link::KillStreamForTest(int index) {
+  impl_->runtime->Post([core = impl_->core, index] { core->KillStream(index); });
+}
+
+struct Endpoint::Impl {
+  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<EndpointCore> core;
+  EndpointOptions options;
+  std::mutex mu;
+  bool listening = false;
+};
+
+Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Endpoint::~Endpoint() {
+  impl_->runtime->Shutdown([core = impl_->core] { core->ShutdownAll(); });
+}
+
+namespace {
+
+Status CheckOptions(const EndpointOptions& o) {
+  if (!IsValidRegionName(o.region)) {
+    return InvalidArgumentError("region '" + o.region +
+                                "' is not a valid region name (1-63 of a-z 0-9 . _ -)");
+  }
+  for (const std::string& peer : o.peer_regions) {
+    if (!IsValidRegionName(peer)) {
+      return InvalidArgumentError("peer region '" + peer + "' is not a valid region name");
+    }
+  }
+  const LinkOptions& l = o.link;
+  if (l.streams < 1 || l.streams > kMaxStreams || l.min_streams < 1 ||
+      l.max_streams > kMaxStreams || l.min_streams > l.max_streams) {
+    return InvalidArgumentError("streams must satisfy 1 <= min_streams <= streams <= "
+                                "max_streams <= " + std::to_string(kMaxStreams));
+  }
+  if (l.adapt_streams && (l.streams < l.min_streams || l.streams > l.max_streams)) {
+    return InvalidArgumentError("streams must lie within [min_streams, max_streams]");
+  }
+  if (l.chunk_bytes == 0 || l.chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes == 0 ||
+      l.max_chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes > l.max_chunk_bytes) {
+    return InvalidArgumentError("chunk sizes must be within 1 byte .. 16 MiB, min <= max");
+  }
+  if (l.max_inflight_per_stream == 0 || l.handshake_timeout_ns <= 0 ||
+      l.redial_initial_ns <= 0 || l.redial_max_ns < l.redial_initial_ns ||
+      l.unreachable_after_ns <= 0 || l.ping_interval_ns <= 0 ||
+      l.stream_timeout_ns <= l.ping_interval_ns) {
+    return InvalidArgumentError("link timeouts and limits must be positive, with "
+                                "redial_max >= redial_initial and stream_timeout > ping_interval");
+  }
+  return CheckCongestionControl(l.congestion_control);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
+                                                     AcceptCallback on_accept) {
+  STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  std::unique_ptr<asio::ssl::context> tls;
+  if (options.transport == Transport::kTls) {
+    STRAIT_ASSIGN_OR_RETURN(tls,
+                            MakeTlsContext(options.ca_file, options.cert_file, options.key_file));
+    STRAIT_ASSIGN_OR_RETURN(std::string own, RegionOfCertificateFile(options.cert_file));
+    if (own != options.region) {
+      return InvalidArgumentError("certificate '" + options.cert_file + "' names region '" +
+                                  own + "' but this endpoint is configured as '" +
+                                  options.region + "'");
+    }
+  } else {
+    STRAIT_LOG(kWarn, "net") << "endpoint " << options.region
+                             << " uses plain TCP: no encryption, no peer authentication";
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->runtime = std::make_shared<Runtime>();
+  impl->core = std::make_shared<EndpointCore>(impl->runtime->io(), std::move(options),
+                                              std::move(tls), std::move(on_accept),
+                                              impl->runtime);
+  return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
+}
+
+StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->listening) return FailedPreconditionError("this endpoint already listens");
+  asio::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(address, ec);
+  if (ec) return InvalidArgumentError("listen address '" + address + "' is not a numeric IP");
+  // The acceptor is set up here, before the I/O thread ever sees it.
+  auto acceptor = std::make_unique<tcp::acceptor>(impl_->runtime->io());
+  const tcp::endpoint at(ip, port);
+  const std::string where = address + ":" + std::to_string(port);
+  acceptor->open(at.protocol(), ec);
+  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor->bind(at, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return UnavailableError("cannot listen on " + where + ": " + ec.message());
+  const uint16_t bound = acceptor->local_endpoint(ec).port();
+  if (ec) return InternalError("cannot read the bound port: " + ec.message());
+  auto shared = std::shared_ptr<tcp::acceptor>(std::move(acceptor));
+  if (!impl_->runtime->Post([core = impl_->core, shared]() mutable {
+        core->StartAccepting(std::make_unique<tcp::acceptor>(std::move(*shared)));
+      })) {
+    return UnavailableError("endpoint is shutting down");
+  }
+  impl_->listening = true;
+  STRAIT_LOG(kInfo, "net") << "region " << impl_->options.region << " listening on " << address
+                           << ":" << bound;
+  return bound;
+}
+
+StatusOr<std::shared_ptr<Link>> Endpoint::Connect(const std::string& peer_region,
+                                                  const std::string& address, uint16_t port,
+                                                  MessageCallback on_message) {
+  if (!IsValidRegionName(peer_region)) {
+    return InvalidArgumentError("peer region '" + peer_region + "' is not a valid region name");
+  }
+  asio::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(address, ec);
+  if (ec) return InvalidArgumentError("peer address '" + address + "' is not a numeric IP");
+  if (port == 0) return InvalidArgumentError("peer port must not be 0");
+  auto core = std::make_shared<LinkCore>(impl_->core, LinkCore::Role::kDialer, peer_region,
+                                         tcp::endpoint(ip, port), RandomU64(),
+                                         std::move(on_message));
+  if (!impl_->runtime->Post([endpoint = impl_->core, core] {
+        endpoint->Register(core);
+        if (core->active()) core->Start();
+      })) {
+    return UnavailableError("endpoint is shutting down");
+  }
+  return std::make_shared<Link>(
+      std::make_unique<Link::Impl>(Link::Impl{impl_->runtime, std::move(core)}));
+}
+
+EndpointCounters Endpoint::Counters() const { return impl_->core->Counters(); }
+
+const EndpointOptions& Endpoint::options() const { return impl_->options; }
+
+}  // namespace strait::net

@@ -1,0 +1,183 @@
+// WAN links between region gateways: the public face of strait::net.
+//
+// An Endpoint is one gateway's WAN side: its identity (region, TLS certificate), the I/O thread
+// the library owns, a listener for peers, and the links. A Link to a peer gateway is a pool of K
+// TCP streams (TLS 1.3 with mutual authentication unless plain TCP is configured on both sides).
+// Messages sent on a link are cut into chunks that go to whichever stream can take one now; the
+// peer acknowledges chunks; when a stream dies its unacknowledged chunks go out on the others and
+// the dialing side redials it with exponential backoff. Each message reaches the peer's receive
+// callback exactly once, whole, and in order per channel.
+//
+// Usage:
+//   EndpointOptions options;  options.region = "us-east";  (+ CA, certificate, key, peers)
+//   auto endpoint = Endpoint::Create(options, [](std::shared_ptr<Link> link) {
+//     return MessageCallback([](uint32_t channel, std::vector<uint8_t> message) { ... });
+//   });
+//   auto port = (*endpoint)->Listen("127.0.0.1", 0);
+//   auto link = (*endpoint)->Connect("eu-west", "10.0.0.7", 7400, on_message);
+//   (*link)->Send(channel, std::move(bytes), Deadline::AfterSeconds(30),
+//                 [](Status status) { ... });
+//
+// Threads and ownership: every callback (receive, send completion, accept) runs on the
+// endpoint's I/O thread; it must not block, and must not destroy the Endpoint. Public methods
+// are thread-safe and never block on the network unless their comment says so. Links are shared
+// handles: the caller's copy and the endpoint's bookkeeping both keep one. A Link may outlive its
+// Endpoint; it then fails every call with kUnavailable.
+//
+// Failure: every wait has a deadline. A send completes with OK once the peer acknowledged every
+// chunk, or with kDeadlineExceeded (its deadline passed), kUnavailable (the link failed: peer
+// unreachable past `unreachable_after_ns`, or closed by the peer), or kCancelled (closed here).
+// Bad peers (garbage, wrong version, a certificate from another CA, an unknown region) are
+// refused with one warning line and a counter (EndpointCounters) and do not affect other links.
+#ifndef STRAIT_LIB_NET_LINK_H_
+#define STRAIT_LIB_NET_LINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "net/delivery.h"
+#include "net/estimates.h"
+#include "strait/status.h"
+
+namespace strait::net {
+
+enum class Transport : uint8_t {
+  kTls = 0,       // TLS 1.3, mutual authentication against the cluster CA (the default)
+  kPlainTcp = 1,  // no encryption and no authentication: only for trusted test networks
+};
+
+struct LinkOptions {
+  // K, the number of streams a dialed link opens (1..64). With adapt_streams it is the start.
+  int streams = 4;
+  bool adapt_streams = false;  // hill-climb K on goodput between min_streams and max_streams
+  int min_streams = 1;
+  int max_streams = 16;
+  // Chunk size cut from messages; with adapt_chunk it follows bandwidth x RTT within
+  // [min_chunk_bytes, max_chunk_bytes]. At most 16 MiB.
+  uint32_t chunk_bytes = 256 * 1024;
+  bool adapt_chunk = false;
+  uint32_t min_chunk_bytes = 64 * 1024;
+  uint32_t max_chunk_bytes = 4 * 1024 * 1024;
+  // Unacknowledged bytes one stream may carry; bounds what a stream's death costs to resend.
+  uint64_t max_inflight_per_stream = 8 * 1024 * 1024;
+  // The largest message the receiving side accepts (it allocates a message's size up front).
+  uint64_t max_message_bytes = uint64_t{1} << 30;
+  // Bytes a link may hold queued and not yet cut; Send beyond it fails with kResourceExhausted.
+  uint64_t max_queued_bytes = uint64_t{4} << 30;
+  // TCP_CONGESTION for every stream ("bbr", "cubic", "reno"; "" = the system default).
+  std::string congestion_control;
+  // TCP_NOTSENT_LOWAT for every stream; 0 = leave unset.
+  uint32_t notsent_lowat = 128 * 1024;
+  // Deadline for TCP connect + TLS handshake + hello exchange of one stream.
+  int64_t handshake_timeout_ns = int64_t{5'000'000'000};
+  // Redial backoff: initial * 2^attempt, at most max, times a random factor in [0.5, 1].
+  int64_t redial_initial_ns = 50'000'000;
+  int64_t redial_max_ns = 2'000'000'000;
+  // A link with no stream up for this long fails: pending sends get kUnavailable.
+  int64_t unreachable_after_ns = int64_t{30'000'000'000};
+  // Each stream pings at this interval (RTT estimate, liveness) and is declared dead when
+  // nothing at all arrived on it for stream_timeout_ns.
+  int64_t ping_interval_ns = 200'000'000;
+  int64_t stream_timeout_ns = int64_t{10'000'000'000};
+};
+
+struct EndpointOptions {
+  std::string region;  // this gateway's region; with TLS it must match its certificate
+  Transport transport = Transport::kTls;
+  std::string ca_file;    // PEM: the cluster CA every peer chains to
+  std::string cert_file;  // PEM chain naming strait://region/<region> in a SAN URI
+  std::string key_file;   // PEM private key
+  // Regions whose gateways may connect to this endpoint's listener (and be dialed).
+  std::vector<std::string> peer_regions;
+  LinkOptions link;
+};
+
+// Receives one whole message. Runs on the I/O thread; must not block.
+using MessageCallback = std::function<void(uint32_t channel, std::vector<uint8_t> message)>;
+
+class Link {
+ public:
+  struct Impl;
+  explicit Link(std::unique_ptr<Impl> impl);
+  // Releases this handle only; the link stays up until Close() or its endpoint shuts down.
+  ~Link();
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  const std::string& peer_region() const;
+
+  // Queues `message` on `channel`; takes ownership of the bytes. `done` runs exactly once, on
+  // the I/O thread, with OK when the peer acknowledged every chunk or an error naming the peer
+  // (see the file comment); if the endpoint is already gone it runs at once on this thread.
+  // Thread-safe; never blocks.
+  void Send(uint32_t channel, std::vector<uint8_t> message, Deadline deadline, SendDone done);
+
+  // Blocking helper: Send and wait for its completion (at most until the deadline plus a
+  // moment). Must not be called from an I/O-thread callback (returns kFailedPrecondition).
+  Status SendAndWait(uint32_t channel, std::vector<uint8_t> message, Deadline deadline);
+
+  // Blocking helper: waits until at least `streams` streams are up. kDeadlineExceeded if not by
+  // the deadline, kUnavailable if the link failed. Must not be called from the I/O thread.
+  Status WaitForStreams(int streams, Deadline deadline);
+
+  // A copy of the link's measurements and counters. Thread-safe; never blocks on the network.
+  LinkEstimates Estimates() const;
+
+  // Tells the peer, closes every stream, and fails unfinished sends with kCancelled. The peer's
+  // link fails its unfinished sends with kUnavailable. Thread-safe; does not block; idempotent.
+  void Close();
+
+  // Test hook: shuts down the socket of stream `index` as if the network dropped it, without
+  // telling the peer. Thread-safe; does not block.
+  void KillStreamForTest(int index);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Called on the I/O thread for each link a peer opens to this endpoint, before any of its
+// messages; returns the callback that receives them.
+using AcceptCallback = std::function<MessageCallback(std::shared_ptr<Link> link)>;
+
+class Endpoint {
+ public:
+  // Checks the options (region names, congestion control, limits), loads the TLS identity and
+  // starts the I/O thread. Errors name the option or file at fault. Does not touch the network.
+  static StatusOr<std::unique_ptr<Endpoint>> Create(EndpointOptions options,
+                                                    AcceptCallback on_accept);
+  // Closes the listener and every link (unfinished sends fail with kUnavailable) and joins the
+  // I/O thread. Blocks briefly; must not be called from an I/O-thread callback.
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Listens on `address` (numeric IPv4/IPv6) and `port` (0 = ephemeral); returns the port.
+  // Thread-safe; does not block. At most one listener per endpoint.
+  StatusOr<uint16_t> Listen(const std::string& address, uint16_t port);
+
+  // Opens a link to the gateway of `peer_region` at address:port (numeric). Returns at once; the
+  // streams come up in the background and sends queue meanwhile. `on_message` receives the
+  // peer's messages on this link. Thread-safe; does not block.
+  StatusOr<std::shared_ptr<Link>> Connect(const std::string& peer_region,
+                                          const std::string& address, uint16_t port,
+                                          MessageCallback on_message);
+
+  // A copy of the listener's and dialer's refusal counters. Thread-safe.
+  EndpointCounters Counters() const;
+
+  const EndpointOptions& options() const;
+
+  struct Impl;
+
+ private:
+  explicit Endpoint(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strait::net
+
+#endif  // STRAIT_LIB_NET_LINK_H_

@@ -1,0 +1,81 @@
+// setsockopt/getsockopt wrappers for WAN streams (see socket_options.h).
+#include "net/socket_options.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace strait::net {
+namespace {
+
+Status Errno(const std::string& what) {
+  return InternalError(what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::string AvailableCongestionControls() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_available_congestion_control");
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+Status SetCongestionControl(int fd, std::string_view name) {
+  if (name.empty()) return Status::Ok();
+  const std::string n(name);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, n.data(), static_cast<socklen_t>(n.size())) ==
+      0) {
+    return Status::Ok();
+  }
+  if (errno == ENOENT || errno == EPERM) {
+    return InvalidArgumentError("congestion control '" + n +
+                                "' is not available in this kernel; it offers: " +
+                                AvailableCongestionControls());
+  }
+  return Errno("setsockopt(TCP_CONGESTION, " + n + ")");
+}
+
+Status CheckCongestionControl(std::string_view name) {
+  if (name.empty()) return Status::Ok();
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  Status status = SetCongestionControl(fd, name);
+  close(fd);
+  return status;
+}
+
+Status SetNotSentLowat(int fd, uint32_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  const int value = static_cast<int>(bytes);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value)) != 0) {
+    return Errno("setsockopt(TCP_NOTSENT_LOWAT)");
+  }
+  return Status::Ok();
+}
+
+Status SetNoDelay(int fd) {
+  const int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return Errno("setsockopt(TCP_NODELAY)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<TcpInfo> ReadTcpInfo(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return Errno("TCP_INFO");
+  TcpInfo out;
+  out.rtt_ns = static_cast<int64_t>(info.tcpi_rtt) * 1000;
+  out.total_retrans = info.tcpi_total_retrans;
+  return out;
+}
+
+}  // namespace strait::net

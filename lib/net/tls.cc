@@ -1,0 +1,108 @@
+// TLS contexts and certificate identities for WAN streams (see tls.h).
+#include "net/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <cstdio>
+
+#include "net/wire.h"
+
+namespace strait::net {
+namespace {
+
+std::string OpenSslErrors() {
+  std::string out;
+  while (unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "unknown OpenSSL error" : out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& ca_file,
+                                                            const std::string& cert_file,
+                                                            const std::string& key_file) {
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
+  SSL_CTX* native = ctx->native_handle();
+  ERR_clear_error();
+  if (SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION) != 1) {
+    return InternalError("cannot require TLS 1.3: " + OpenSslErrors());
+  }
+  if (SSL_CTX_load_verify_locations(native, ca_file.c_str(), nullptr) != 1) {
+    return InvalidArgumentError("cannot load the cluster CA from '" + ca_file +
+                                "': " + OpenSslErrors());
+  }
+  if (SSL_CTX_use_certificate_chain_file(native, cert_file.c_str()) != 1) {
+    return InvalidArgumentError("cannot load the certificate chain '" + cert_file +
+                                "': " + OpenSslErrors());
+  }
+  if (SSL_CTX_use_PrivateKey_file(native, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return InvalidArgumentError("cannot load the private key '" + key_file +
+                                "': " + OpenSslErrors());
+  }
+  if (SSL_CTX_check_private_key(native) != 1) {
+    return InvalidArgumentError("private key '" + key_file + "' does not match certificate '" +
+                                cert_file + "'");
+  }
+  SSL_CTX_set_verify(native, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  return ctx;
+}
+
+std::vector<std::string> RegionsOfCertificate(X509* cert) {
+  std::vector<std::string> regions;
+  if (cert == nullptr) return regions;
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  if (names == nullptr) return regions;
+  for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type != GEN_URI) continue;
+    const ASN1_IA5STRING* uri = name->d.uniformResourceIdentifier;
+    std::string_view text(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
+                          static_cast<size_t>(ASN1_STRING_length(uri)));
+    if (text.substr(0, kRegionUriPrefix.size()) != kRegionUriPrefix) continue;
+    regions.emplace_back(text.substr(kRegionUriPrefix.size()));
+  }
+  GENERAL_NAMES_free(names);
+  return regions;
+}
+
+StatusOr<std::string> PeerRegion(SSL* ssl) {
+  X509* cert = SSL_get1_peer_certificate(ssl);
+  if (cert == nullptr) return PermissionDeniedError("peer presented no certificate");
+  std::vector<std::string> regions = RegionsOfCertificate(cert);
+  X509_free(cert);
+  if (regions.size() != 1) {
+    return PermissionDeniedError("peer certificate names " + std::to_string(regions.size()) +
+                                 " regions (SAN URI strait://region/<name>); exactly one needed");
+  }
+  if (!IsValidRegionName(regions[0])) {
+    return PermissionDeniedError("peer certificate names an invalid region '" + regions[0] + "'");
+  }
+  return regions[0];
+}
+
+StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file) {
+  FILE* f = std::fopen(cert_file.c_str(), "r");
+  if (f == nullptr) return InvalidArgumentError("cannot open certificate '" + cert_file + "'");
+  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+  std::fclose(f);
+  if (cert == nullptr) return InvalidArgumentError("'" + cert_file + "' holds no PEM certificate");
+  std::vector<std::string> regions = RegionsOfCertificate(cert);
+  X509_free(cert);
+  if (regions.size() != 1) {
+    return InvalidArgumentError("certificate '" + cert_file + "' names " +
+                                std::to_string(regions.size()) +
+                                " regions (SAN URI strait://region/<name>); exactly one needed");
+  }
+  return regions[0];
+}
+
+}  // namespace strait::net

@@ -1,0 +1,37 @@
+// TLS 1.3 with mutual authentication for WAN streams, and the identity rule: a gateway's
+// certificate chains to the cluster CA and names its region in a SAN URI
+// "strait://region/<name>". Internal to lib/net (exposes Asio types).
+#ifndef STRAIT_LIB_NET_TLS_H_
+#define STRAIT_LIB_NET_TLS_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <asio/ssl.hpp>
+
+#include "strait/status.h"
+
+namespace strait::net {
+
+inline constexpr std::string_view kRegionUriPrefix = "strait://region/";
+
+// A context for both roles (client and server): TLS 1.3 only, our chain and key, peers verified
+// against `ca_file` and required to present a certificate. Fails with a message naming the file.
+StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& ca_file,
+                                                            const std::string& cert_file,
+                                                            const std::string& key_file);
+
+// The regions named by SAN URIs of the form strait://region/<name> in `cert` (usually one).
+std::vector<std::string> RegionsOfCertificate(X509* cert);
+
+// The single region of the peer of a completed handshake, or an error saying why there is none.
+StatusOr<std::string> PeerRegion(SSL* ssl);
+
+// The region our own certificate file names (for checking the configuration at start).
+StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file);
+
+}  // namespace strait::net
+
+#endif  // STRAIT_LIB_NET_TLS_H_

@@ -1,0 +1,285 @@
+// Tests of chunking, reassembly, acknowledgement and resend (the socket-free delivery books),
+// including a randomized simulation of streams that reorder, die and redeliver.
+#include "net/delivery.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+namespace strait::net {
+namespace {
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed * 131 + i * 7 + (i >> 8));
+  return v;
+}
+
+SendDone Record(std::vector<Status>* out) {
+  return [out](Status s) { out->push_back(std::move(s)); };
+}
+
+void RunCompletions(std::vector<Completion>* completions) {
+  for (auto& c : *completions) c.done(c.status);
+  completions->clear();
+}
+
+TEST(SendBook, CutsMessagesIntoChunksOnDemand) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(5, Pattern(1000, 1), INT64_MAX, Record(&done));
+  std::vector<uint32_t> lengths;
+  std::vector<uint64_t> offsets;
+  while (const OutChunk* c = book.Next(0, 300, UINT64_MAX)) {
+    EXPECT_EQ(c->seq, lengths.size());
+    EXPECT_EQ(c->header().channel, 5u);
+    EXPECT_EQ(c->header().message_length, 1000u);
+    lengths.push_back(c->length);
+    offsets.push_back(c->offset);
+  }
+  EXPECT_EQ(lengths, (std::vector<uint32_t>{300, 300, 300, 100}));
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 300, 600, 900}));
+  EXPECT_EQ(book.queued_bytes(), 0u);
+}
+
+TEST(SendBook, ZeroByteMessageIsOneEmptyChunk) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, {}, INT64_MAX, Record(&done));
+  const OutChunk* c = book.Next(0, 300, UINT64_MAX);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->length, 0u);
+  EXPECT_EQ(book.Next(0, 300, UINT64_MAX), nullptr);
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  ASSERT_TRUE(book.OnAck(Ack{1, {}}, &acked, &completions).ok());
+  RunCompletions(&completions);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].ok());
+}
+
+TEST(SendBook, InflightLimitMakesTheNextStreamTakeWork) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(1000, 1), INT64_MAX, Record(&done));
+  ASSERT_NE(book.Next(0, 100, 200), nullptr);
+  ASSERT_NE(book.Next(0, 100, 200), nullptr);
+  EXPECT_EQ(book.Next(0, 100, 200), nullptr);  // stream 0 is full
+  const OutChunk* c = book.Next(1, 100, 200);  // stream 1 steals the next chunk
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->seq, 2u);
+  EXPECT_EQ(book.inflight_bytes(0), 200u);
+  EXPECT_EQ(book.inflight_bytes(1), 100u);
+}
+
+TEST(SendBook, CompletesOnlyWhenEveryChunkIsAcked) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(400, 1), INT64_MAX, Record(&done));
+  for (int i = 0; i < 4; ++i) ASSERT_NE(book.Next(i % 2, 100, UINT64_MAX), nullptr);
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  ASSERT_TRUE(book.OnAck(Ack{1, {{2, 4}}}, &acked, &completions).ok());  // 1 still missing
+  EXPECT_EQ(acked, 300u);
+  EXPECT_TRUE(completions.empty());
+  ASSERT_TRUE(book.OnAck(Ack{4, {}}, &acked, &completions).ok());
+  EXPECT_EQ(acked, 100u);
+  RunCompletions(&completions);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].ok());
+  EXPECT_TRUE(book.idle());
+}
+
+TEST(SendBook, AckOfUnsentChunkIsAnError) {
+  SendBook book;
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  EXPECT_FALSE(book.OnAck(Ack{1, {}}, &acked, &completions).ok());
+}
+
+TEST(SendBook, LostStreamsChunksAreResentFirst) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(600, 1), INT64_MAX, Record(&done));
+  for (int i = 0; i < 4; ++i) ASSERT_NE(book.Next(i % 2, 100, UINT64_MAX), nullptr);
+  // Stream 1 carried seqs 1 and 3.
+  EXPECT_EQ(book.OnStreamLost(1), 2u);
+  EXPECT_EQ(book.inflight_bytes(1), 0u);
+  const OutChunk* a = book.Next(0, 100, UINT64_MAX);
+  const OutChunk* b = book.Next(2, 100, UINT64_MAX);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->seq, 1u);
+  EXPECT_EQ(b->seq, 3u);
+  EXPECT_EQ(book.chunks_resent(), 2u);
+  EXPECT_EQ(book.Next(0, 100, UINT64_MAX)->seq, 4u);  // then new cuts
+}
+
+TEST(SendBook, AckedChunkLeavesTheResendQueue) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(200, 1), INT64_MAX, Record(&done));
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);
+  book.OnStreamLost(0);
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  // The ack for seq 0 was already on its way on another stream.
+  ASSERT_TRUE(book.OnAck(Ack{1, {}}, &acked, &completions).ok());
+  EXPECT_EQ(book.resend_queue(), 1u);
+  EXPECT_EQ(book.Next(1, 100, UINT64_MAX)->seq, 1u);
+}
+
+TEST(SendBook, DeadlineDropsUnstartedAndFlagsStarted) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(200, 1), 100, Record(&done));
+  book.Enqueue(0, Pattern(200, 2), 100, Record(&done));
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);  // first message started
+  std::vector<Completion> completions;
+  book.ExpireDeadlines(200, "region x", &completions);
+  RunCompletions(&completions);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(done[0].message().find("region x"), std::string::npos);
+  EXPECT_NE(done[1].message().find("not sent"), std::string::npos) << done[1];
+  // The started message is still cut to the end; the unstarted one never appears.
+  const OutChunk* c = book.Next(0, 100, UINT64_MAX);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->offset, 100u);
+  EXPECT_EQ(book.Next(0, 100, UINT64_MAX), nullptr);
+  EXPECT_EQ(book.queued_bytes(), 0u);
+}
+
+TEST(SendBook, FailAllCompletesEverythingOnce) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(200, 1), INT64_MAX, Record(&done));
+  book.Enqueue(1, Pattern(200, 2), INT64_MAX, Record(&done));
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);
+  std::vector<Completion> completions;
+  book.FailAll(UnavailableError("gone"), &completions);
+  RunCompletions(&completions);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[1].code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(book.idle());
+}
+
+DataHeader Chunk(uint64_t seq, uint32_t channel, uint64_t id, uint64_t length, uint64_t offset) {
+  return DataHeader{seq, channel, id, length, offset};
+}
+
+TEST(ReceiveBook, ReassemblesOutOfOrderAndDeduplicates) {
+  ReceiveBook book(1 << 20);
+  const std::vector<uint8_t> msg = Pattern(300, 9);
+  std::vector<Delivery> out;
+  bool dup = false;
+  ASSERT_TRUE(book.OnChunk(Chunk(2, 0, 0, 300, 200), std::span(msg).subspan(200), &dup, &out)
+                  .ok());
+  ASSERT_TRUE(book.OnChunk(Chunk(0, 0, 0, 300, 0), std::span(msg).first(100), &dup, &out).ok());
+  EXPECT_TRUE(out.empty());
+  Ack ack = book.MakeAck();
+  EXPECT_EQ(ack.cumulative, 1u);
+  ASSERT_EQ(ack.ranges.size(), 1u);
+  EXPECT_EQ(ack.ranges[0].begin, 2u);
+  ASSERT_TRUE(book.OnChunk(Chunk(0, 0, 0, 300, 0), std::span(msg).first(100), &dup, &out).ok());
+  EXPECT_TRUE(dup);
+  ASSERT_TRUE(
+      book.OnChunk(Chunk(1, 0, 0, 300, 100), std::span(msg).subspan(100, 100), &dup, &out).ok());
+  EXPECT_FALSE(dup);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data, msg);
+  EXPECT_EQ(book.MakeAck().cumulative, 3u);
+  EXPECT_TRUE(book.MakeAck().ranges.empty());
+}
+
+TEST(ReceiveBook, KeepsOrderPerChannelButNotAcrossChannels) {
+  ReceiveBook book(1 << 20);
+  std::vector<Delivery> out;
+  bool dup = false;
+  const std::vector<uint8_t> a = Pattern(10, 1), b = Pattern(10, 2), c = Pattern(10, 3);
+  // Channel 0 message 1 completes before message 0: held back.
+  ASSERT_TRUE(book.OnChunk(Chunk(1, 0, 1, 10, 0), b, &dup, &out).ok());
+  // Channel 1 message 0 is delivered at once.
+  ASSERT_TRUE(book.OnChunk(Chunk(2, 1, 0, 10, 0), c, &dup, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].channel, 1u);
+  ASSERT_TRUE(book.OnChunk(Chunk(0, 0, 0, 10, 0), a, &dup, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[1].data, a);
+  EXPECT_EQ(out[2].data, b);
+}
+
+TEST(ReceiveBook, RefusesWhatContradictsOrExceedsLimits) {
+  ReceiveBook book(1000);
+  std::vector<Delivery> out;
+  bool dup = false;
+  std::vector<uint8_t> p(10);
+  EXPECT_EQ(book.OnChunk(Chunk(0, 0, 0, 1001, 0), p, &dup, &out).code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_TRUE(book.OnChunk(Chunk(0, 0, 0, 100, 0), p, &dup, &out).ok());
+  EXPECT_FALSE(book.OnChunk(Chunk(1, 0, 0, 200, 10), p, &dup, &out).ok());  // other length
+  EXPECT_FALSE(book.OnChunk(Chunk(ReceiveBook::kMaxSeqWindow + 5, 0, 1, 10, 0), p, &dup, &out)
+                   .ok());
+  std::vector<uint8_t> big(100);
+  EXPECT_FALSE(book.OnChunk(Chunk(2, 0, 0, 100, 0), big, &dup, &out).ok());  // overlaps
+}
+
+// Random simulation: K streams that reorder chunks between themselves, lose acks and die
+// mid-flight (resending their unacked chunks elsewhere); every message must arrive exactly once,
+// intact, in order per channel, and every send must complete OK.
+TEST(Delivery, SurvivesReorderingStreamDeathAndDuplicates) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    SendBook send;
+    ReceiveBook receive(1 << 20);
+    std::vector<Status> done;
+    std::map<uint32_t, std::vector<std::vector<uint8_t>>> sent, received;
+    for (uint32_t i = 0; i < 30; ++i) {
+      const uint32_t channel = rng() % 3;
+      std::vector<uint8_t> m = Pattern(rng() % 5000, seed * 100 + i);
+      sent[channel].push_back(m);
+      send.Enqueue(channel, std::move(m), INT64_MAX, Record(&done));
+    }
+    constexpr int kStreams = 3;
+    std::vector<std::vector<OutChunk>> wire(kStreams);  // chunks in flight per stream
+    for (int step = 0; step < 100000 && done.size() < 30; ++step) {
+      const int s = static_cast<int>(rng() % kStreams);
+      const int action = static_cast<int>(rng() % 10);
+      if (action < 5) {
+        if (const OutChunk* c = send.Next(s, 700, 4000)) wire[s].push_back(*c);
+      } else if (action < 9 && !wire[s].empty()) {
+        // Deliver the oldest chunk on stream s (in order within a stream, like TCP).
+        OutChunk c = wire[s].front();
+        wire[s].erase(wire[s].begin());
+        bool dup = false;
+        std::vector<Delivery> out;
+        std::span<const uint8_t> payload(c.payload(), c.length);
+        ASSERT_TRUE(receive.OnChunk(c.header(), payload, &dup, &out).ok());
+        for (auto& d : out) received[d.channel].push_back(std::move(d.data));
+        if (rng() % 3 != 0) {  // some acks are lost
+          uint64_t acked = 0;
+          std::vector<Completion> completions;
+          ASSERT_TRUE(send.OnAck(receive.MakeAck(), &acked, &completions).ok());
+          RunCompletions(&completions);
+        }
+      } else if (rng() % 8 == 0) {
+        wire[s].clear();  // the stream dies with its chunks
+        send.OnStreamLost(s);
+      }
+      if (step % 50 == 0) {  // an ack eventually gets through
+        uint64_t acked = 0;
+        std::vector<Completion> completions;
+        ASSERT_TRUE(send.OnAck(receive.MakeAck(), &acked, &completions).ok());
+        RunCompletions(&completions);
+      }
+    }
+    ASSERT_EQ(done.size(), 30u) << "seed " << seed;
+    for (const Status& s : done) EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(received, sent) << "seed " << seed;
+  }
+}
+
+}  // namespace
+}  // namespace strait::net
