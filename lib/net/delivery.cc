@@ -40,8 +40,15 @@ const OutChunk* SendBook::Next(int stream, uint32_t chunk_bytes, uint64_t max_in
       continue;
     }
     if (!message->started) {
+      const uint64_t size = message->data.size();
+      if (started_bytes_ > 0 && (size > max_started_bytes_ ||
+                                 started_bytes_ > max_started_bytes_ - size)) {
+        return nullptr;  // the receiver could not hold it yet; acks will make room
+      }
       message->started = true;
       message->id = next_message_id_[message->channel]++;
+      started_[message->channel].push_back(message);
+      started_bytes_ += size;
     }
     const uint64_t left = message->data.size() - message->cut;
     const uint32_t cap = std::clamp<uint32_t>(chunk_bytes, 1, kMaxChunkPayload);
@@ -75,11 +82,29 @@ void SendBook::Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_
   *acked_bytes += chunk.length;
   OutMessage& message = *chunk.message;
   message.outstanding--;
-  if (message.fully_cut() && message.outstanding == 0 && !message.finished) {
-    message.finished = true;
-    completions->push_back(Completion{std::move(message.done), Status::Ok()});
+  if (message.fully_cut() && message.outstanding == 0) {
+    if (!message.finished) {
+      message.finished = true;
+      completions->push_back(Completion{std::move(message.done), Status::Ok()});
+    }
+    message.acked = true;
+    const uint32_t channel = message.channel;
+    unacked_.erase(it);  // may drop the last reference but one to the message
+    Release(channel);
+    return;
   }
   unacked_.erase(it);
+}
+
+void SendBook::Release(uint32_t channel) {
+  auto it = started_.find(channel);
+  if (it == started_.end()) return;
+  auto& queue = it->second;
+  while (!queue.empty() && queue.front()->acked) {
+    started_bytes_ -= queue.front()->data.size();
+    queue.pop_front();
+  }
+  if (queue.empty()) started_.erase(it);
 }
 
 Status SendBook::OnAck(const Ack& ack, uint64_t* acked_bytes,
@@ -147,6 +172,8 @@ void SendBook::FailAll(const Status& status, std::vector<Completion>* completion
   unacked_.clear();
   resend_.clear();
   inflight_.clear();
+  started_.clear();
+  started_bytes_ = 0;
   queued_bytes_ = 0;
 }
 
@@ -218,10 +245,20 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
     if (partial_count_ >= kMaxPartialMessages) {
       return ResourceExhaustedError("peer has too many messages in flight");
     }
+    if (partial_bytes_ > 0 && (partial_bytes_ > max_partial_bytes_ ||
+                               header.message_length > max_partial_bytes_ - partial_bytes_)) {
+      return ResourceExhaustedError(
+          "peer starts message " + std::to_string(header.message_id) + " of " +
+          std::to_string(header.message_length) + " bytes on channel " +
+          std::to_string(header.channel) + " while " + std::to_string(partial_bytes_) +
+          " bytes of partial messages are held; the limit is " +
+          std::to_string(max_partial_bytes_) + " (max_partial_bytes)");
+    }
     Partial partial;
     partial.data.resize(header.message_length);
     it = channel.messages.emplace(header.message_id, std::move(partial)).first;
     ++partial_count_;
+    partial_bytes_ += header.message_length;
   }
   Partial& partial = it->second;
   if (partial.data.size() != header.message_length || partial.complete) {
@@ -244,6 +281,7 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
          channel.messages.begin()->second.complete) {
     deliveries->push_back(
         Delivery{header.channel, std::move(channel.messages.begin()->second.data)});
+    partial_bytes_ -= deliveries->back().data.size();
     channel.messages.erase(channel.messages.begin());
     --partial_count_;
     ++channel.next_id;

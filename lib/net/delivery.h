@@ -6,7 +6,9 @@
 // less often (work stealing). Every chunk gets the next link-wide sequence number and stays
 // "unacked" until an ack covers it. When a stream dies, its unacked chunks go to a resend queue
 // that every stream drains before cutting new chunks. A message completes when all of its chunks
-// are acked.
+// are acked. The book starts no new message while the messages the receiver may still be holding
+// (started, and not yet acked together with every earlier message on their channel) would exceed
+// the receiver's partial-message budget, so an honest sender never trips that limit.
 //
 // ReceiveBook (receiver side): de-duplicates chunks by sequence number (a resent chunk may have
 // arrived already), builds the cumulative + selective ack, copies payloads into their message,
@@ -51,6 +53,7 @@ struct OutMessage {
   int64_t deadline_ns = INT64_MAX;
   SendDone done;
   bool finished = false;  // done has been scheduled
+  bool acked = false;     // every chunk was cut and acknowledged
 
   bool fully_cut() const { return started && cut == data.size(); }
 };
@@ -70,6 +73,10 @@ struct OutChunk {
 
 class SendBook {
  public:
+  // The receiver's budget for partial messages (LinkOptions::max_partial_bytes). A message
+  // larger than the budget is still started when nothing else is held.
+  void set_max_started_bytes(uint64_t bytes) { max_started_bytes_ = bytes; }
+
   // Queues a message. `deadline_ns` is in MonotonicNanos time.
   void Enqueue(uint32_t channel, std::vector<uint8_t> data, int64_t deadline_ns, SendDone done);
 
@@ -96,6 +103,8 @@ class SendBook {
 
   uint64_t inflight_bytes(int stream) const;
   uint64_t queued_bytes() const { return queued_bytes_; }  // not yet cut
+  // Bytes of messages the receiver may be holding (see the class comment).
+  uint64_t started_bytes() const { return started_bytes_; }
   size_t unacked_chunks() const { return unacked_.size(); }
   size_t resend_queue() const { return resend_.size(); }
   uint64_t chunks_resent() const { return chunks_resent_; }
@@ -106,6 +115,7 @@ class SendBook {
  private:
   void Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_bytes,
              std::vector<Completion>* completions);
+  void Release(uint32_t channel);
 
   uint64_t next_seq_ = 0;
   std::unordered_map<uint32_t, uint64_t> next_message_id_;
@@ -116,6 +126,10 @@ class SendBook {
   std::unordered_map<int, uint64_t> inflight_;
   uint64_t queued_bytes_ = 0;
   uint64_t chunks_resent_ = 0;
+  // Started messages per channel in id order, until they and all before them are acked.
+  std::unordered_map<uint32_t, std::deque<std::shared_ptr<OutMessage>>> started_;
+  uint64_t started_bytes_ = 0;
+  uint64_t max_started_bytes_ = UINT64_MAX;
 };
 
 struct Delivery {
@@ -131,7 +145,11 @@ class ReceiveBook {
   // Messages being assembled at once, over all channels.
   static constexpr size_t kMaxPartialMessages = 1 << 16;
 
-  explicit ReceiveBook(uint64_t max_message_bytes) : max_message_bytes_(max_message_bytes) {}
+  // `max_partial_bytes` bounds the bytes allocated for messages being assembled (or complete
+  // and waiting for an earlier message of their channel); a chunk that would start a message
+  // beyond it is refused with kResourceExhausted, which closes the stream as a protocol error.
+  explicit ReceiveBook(uint64_t max_message_bytes, uint64_t max_partial_bytes = UINT64_MAX)
+      : max_message_bytes_(max_message_bytes), max_partial_bytes_(max_partial_bytes) {}
 
   // Whether `seq` was received already (so its payload need not be looked at).
   bool IsDuplicate(uint64_t seq) const;
@@ -148,6 +166,7 @@ class ReceiveBook {
 
   uint64_t cumulative() const { return cumulative_; }
   size_t partial_messages() const { return partial_count_; }
+  uint64_t partial_bytes() const { return partial_bytes_; }
 
  private:
   struct Partial {
@@ -162,6 +181,8 @@ class ReceiveBook {
   void MarkReceived(uint64_t seq);
 
   uint64_t max_message_bytes_;
+  uint64_t max_partial_bytes_;
+  uint64_t partial_bytes_ = 0;
   uint64_t cumulative_ = 0;
   std::map<uint64_t, uint64_t> above_;  // disjoint [begin, end) ranges, all above cumulative_
   std::unordered_map<uint32_t, Channel> channels_;

@@ -47,7 +47,14 @@ using TlsStream = asio::ssl::stream<tcp::socket>;
 
 constexpr int64_t kTickNs = 50'000'000;
 constexpr int64_t kGoodputWindowNs = 250'000'000;
+// An adaptation round lasts max(kAdaptWindowNs, 10 RTT); after K changed, the new streams get
+// max(kSettleNs, 4 RTT) to leave slow start before a round measures them.
 constexpr int64_t kAdaptWindowNs = 1'000'000'000;
+constexpr int64_t kSettleNs = 500'000'000;
+// A round counts only when the link had a backlog at this fraction of its ticks.
+constexpr double kBusyFraction = 0.75;
+// Endpoint shutdown waits this long for close records to go out before dropping the streams.
+constexpr int64_t kShutdownDrainNs = 500'000'000;
 
 uint64_t RandomU64() {
   static std::mutex mu;
@@ -70,7 +77,7 @@ class Runtime {
       io_.run();
     });
   }
-  ~Runtime() { Shutdown(nullptr); }
+  ~Runtime() { Shutdown(nullptr, nullptr, nullptr, 0); }
 
   template <typename F>
   bool Post(F&& fn) {
@@ -80,15 +87,21 @@ class Runtime {
     return true;
   }
 
-  // Runs `last` on the I/O thread after everything posted before, then stops and joins.
-  void Shutdown(std::function<void()> last) {
+  // Runs `begin` on the I/O thread after everything posted before, keeps the loop running until
+  // `drained` returns true or `grace_ns` passed, runs `finish`, then stops and joins. Any of the
+  // functions may be empty.
+  void Shutdown(std::function<void()> begin, std::function<bool()> drained,
+                std::function<void()> finish, int64_t grace_ns) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!stopped_) {
         stopped_ = true;
-        asio::post(io_, [this, last = std::move(last)] {
-          if (last) last();
-          io_.stop();
+        drained_ = std::move(drained);
+        finish_ = std::move(finish);
+        asio::post(io_, [this, begin = std::move(begin), grace_ns] {
+          if (begin) begin();
+          drain_until_ns_ = MonotonicNanos() + grace_ns;
+          DrainStep();
         });
       }
     }
@@ -99,8 +112,24 @@ class Runtime {
   asio::io_context& io() { return io_; }
 
  private:
+  void DrainStep() {
+    if (!drained_ || drained_() || MonotonicNanos() >= drain_until_ns_) {
+      if (finish_) finish_();
+      drained_ = nullptr;
+      finish_ = nullptr;
+      io_.stop();
+      return;
+    }
+    drain_timer_.expires_after(std::chrono::milliseconds(5));
+    drain_timer_.async_wait([this](const asio::error_code&) { DrainStep(); });
+  }
+
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> guard_;
+  asio::steady_timer drain_timer_{io_};
+  std::function<bool()> drained_;
+  std::function<void()> finish_;
+  int64_t drain_until_ns_ = 0;
   std::mutex mu_;
   bool stopped_ = false;
   std::atomic<std::thread::id> thread_id_{};
@@ -191,6 +220,11 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
   bool up = false;
   bool writing = false;
   bool close_after_write = false;
+  // Retiring (the pool shrinks): no new data chunks go onto this stream; see kRetire in wire.h.
+  bool retiring = false;
+  bool retire_sent = false;
+  bool retire_received = false;
+  int64_t retire_started_ns = 0;
   std::vector<uint8_t> control;  // acks, pings, pongs, close: written before any data
   std::vector<uint8_t> out;      // the write in progress
   uint64_t out_payload = 0;      // data payload bytes in `out`
@@ -241,7 +275,11 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   void StartAccepting(std::unique_ptr<tcp::acceptor> acceptor);
   void Register(const std::shared_ptr<LinkCore>& link);
   void Unregister(LinkCore* link);
-  void ShutdownAll();
+  // Endpoint shutdown: close records on every stream (BeginShutdown), then, once they went out
+  // or the grace period passed, every stream dropped (FinishShutdown).
+  void BeginShutdown();
+  bool ShutdownDrained() const;
+  void FinishShutdown();
 
   // The Runtime is needed to hand out Link handles for accepted links; held weakly so that the
   // io_context never owns its own Runtime.
@@ -265,6 +303,7 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<LinkCore>> sessions_;
   std::vector<std::shared_ptr<LinkCore>> links_;
   std::set<std::shared_ptr<StreamConn>> handshaking_;
+  std::vector<std::shared_ptr<LinkCore>> closing_;  // links ended by shutdown, still draining
   mutable std::mutex counters_mu_;
   EndpointCounters counters_;
   bool shut_down_ = false;
@@ -286,10 +325,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
         address_(address),
         session_id_(session_id),
         on_message_(std::move(on_message)),
-        receive_(options_.max_message_bytes),
+        receive_(options_.max_message_bytes, options_.max_partial_bytes),
         tick_(endpoint_->io()),
         chunk_bytes_(std::min(options_.chunk_bytes, kMaxChunkPayload)),
         controller_(options_.streams, options_.min_streams, options_.max_streams) {
+    send_.set_max_started_bytes(options_.max_partial_bytes);
     target_streams_ = role_ == Role::kDialer ? options_.streams : 0;
     if (role_ == Role::kDialer && options_.adapt_streams) {
       target_streams_ = controller_.streams();
@@ -309,7 +349,9 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     const int64_t now = MonotonicNanos();
     no_streams_since_ = now;
     window_start_ns_ = now;
-    adapt_start_ns_ = now;
+    // The first round measures the initial pool once it is up.
+    settling_ = role_ == Role::kDialer;
+    settle_began_ns_ = now;
     if (role_ == Role::kDialer) {
       slots_.resize(static_cast<size_t>(options_.max_streams > target_streams_
                                             ? options_.max_streams
@@ -323,6 +365,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   void Send(uint32_t channel, std::vector<uint8_t> message, Deadline deadline, SendDone done) {
     if (state_ != State::kActive) {
       Finish({Completion{std::move(done), failure_}});
+      return;
+    }
+    if (closing_) {
+      Finish({Completion{std::move(done), CancelledError("link to " + peer_name_ +
+                                                         " is closing: Close() was called")}});
       return;
     }
     if (send_.queued_bytes() + message.size() > options_.max_queued_bytes) {
@@ -339,7 +386,24 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     Publish();
   }
 
-  void Close(CloseReason reason, Status status) {
+  // Link::Close(): stop taking sends, flush what is queued (up to close_flush_ns), then close.
+  void Close(Status status) {
+    if (state_ != State::kActive || closing_) return;
+    closing_ = true;
+    close_status_ = std::move(status);
+    close_deadline_ns_ = MonotonicNanos() + options_.close_flush_ns;
+    if (!send_.idle()) {
+      STRAIT_LOG(kInfo, "net") << "closing link to " << peer_name_ << " after flushing "
+                               << FormatBytes(send_.queued_bytes()) << " queued and "
+                               << send_.unacked_chunks() << " unacknowledged chunks (at most "
+                               << FormatDuration(options_.close_flush_ns) << ")";
+    }
+    MaybeFinishClose();
+  }
+
+  // Tells the peer on every stream that is up, then ends the link: unfinished sends fail with
+  // `status`, and each stream is dropped once its close record is written.
+  void CloseNow(CloseReason reason, Status status) {
     if (state_ != State::kActive) return;
     STRAIT_LOG(kInfo, "net") << "closing link to " << peer_name_;
     for (auto& stream : slots_) {
@@ -388,10 +452,18 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     Attach(stream, index);
   }
 
-  // Endpoint shutdown: fail everything, close every stream now.
+  // Endpoint shutdown: fail everything and tell the peer (so that it does not redial); the
+  // streams go once their close records are written, or at DropAllStreams.
   void Shutdown() {
-    End(State::kClosed, UnavailableError("link to " + peer_name_ + " closed: endpoint shut down"),
-        /*close_streams=*/true);
+    CloseNow(CloseReason::kShutdown,
+             UnavailableError("link to " + peer_name_ + " closed: endpoint shut down"));
+  }
+  int streams_up() const { return streams_up_; }
+  void DropAllStreams() {
+    for (auto& stream : std::vector<std::shared_ptr<StreamConn>>(slots_)) {
+      if (stream) Drop(stream);
+    }
+    Publish();
   }
 
   bool active() const { return state_ == State::kActive; }
@@ -489,7 +561,16 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     ++est_.stream_failures;
     last_error_ = (timed_out ? "timed out (" + why + ")" : why);
     if (timed_out) endpoint_->Count([](EndpointCounters& c) { ++c.handshake_timeouts; });
-    STRAIT_LOG(kWarn, "net") << "dialing " << stream->peer() << " failed: " << last_error_;
+    // The first failure since a stream was last up warns; redials failing the same way would
+    // repeat it every backoff step for as long as the peer is away.
+    if (!dial_warned_) {
+      dial_warned_ = true;
+      STRAIT_LOG(kWarn, "net") << "dialing " << stream->peer() << " failed: " << last_error_
+                               << "; redialling with backoff (further failures are logged at "
+                                  "debug level until a stream comes up)";
+    } else {
+      STRAIT_LOG(kDebug, "net") << "dialing " << stream->peer() << " failed: " << last_error_;
+    }
     ScheduleRedial(stream->slot);
     Publish();
   }
@@ -525,6 +606,10 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     stream->last_rx_ns = MonotonicNanos();
     slots_[slot] = stream;
     redial_attempts_[slot] = 0;
+    if (dial_warned_ && role_ == Role::kDialer) {
+      STRAIT_LOG(kInfo, "net") << stream->peer() << " up again";
+    }
+    dial_warned_ = false;
     ++streams_up_;
     STRAIT_LOG(kDebug, "net") << stream->peer() << " up";
     ReadRecord(stream);
@@ -550,6 +635,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   }
 
   void StreamDown(std::shared_ptr<StreamConn> stream, const Status& why, bool protocol_error) {
+    if (stream->retiring && !protocol_error) {
+      // Expected: the peer closed a stream that both sides were retiring.
+      STRAIT_LOG(kDebug, "net") << stream->peer() << " retired: " << why.message();
+      return RetireDone(stream);
+    }
     if (!Drop(stream)) return;
     const int slot = stream->slot;
     if (state_ != State::kActive) return;
@@ -560,6 +650,49 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     STRAIT_LOG(kWarn, "net") << stream->peer() << " down: " << why.message() << "; " << requeued
                              << " unacknowledged chunks go out on the other streams";
     ScheduleRedial(slot);
+    PumpAll();
+    Publish();
+  }
+
+  // ---- Retiring streams (the pool shrinks) -----------------------------------------------------
+
+  // Dialer: takes `stream` out of the pool without losing or resending anything.
+  void Retire(const std::shared_ptr<StreamConn>& stream) {
+    if (stream->retiring || !stream->up) return;
+    stream->retiring = true;
+    stream->retire_sent = true;
+    stream->retire_started_ns = MonotonicNanos();
+    AppendRetireRecord(&stream->control);
+    Pump(stream);
+  }
+
+  // Moves a retiring stream along once it wrote everything and its chunks were acknowledged:
+  // the acceptor answers the retire record, the dialer then closes the stream.
+  void MaybeFinishRetire(const std::shared_ptr<StreamConn>& stream) {
+    if (!stream->retiring || !stream->up || stream->writing || !stream->control.empty()) return;
+    if (send_.inflight_bytes(stream->slot) > 0) return;
+    if (!stream->retire_sent) {
+      stream->retire_sent = true;
+      AppendRetireRecord(&stream->control);
+      Pump(stream);
+      return;
+    }
+    if (role_ == Role::kDialer && stream->retire_received) {
+      STRAIT_LOG(kDebug, "net") << stream->peer() << " retired";
+      RetireDone(stream);
+    }
+  }
+
+  void RetireDone(const std::shared_ptr<StreamConn>& stream) {
+    if (!Drop(stream)) return;
+    const int slot = stream->slot;
+    // Normally nothing: chunks still unacknowledged here (a timeout, or a peer that closed the
+    // stream early) go out on the other streams.
+    send_.OnStreamLost(slot);
+    if (state_ == State::kActive && role_ == Role::kDialer && slot < target_streams_ &&
+        !dialing_.count(slot)) {
+      Dial(slot);  // the pool grew again while this stream was retiring
+    }
     PumpAll();
     Publish();
   }
@@ -623,6 +756,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
         window_acked_ += acked;
         PumpAll();
         Finish(std::move(completions));
+        MaybeFinishClose();
         Publish();
         return Status::Ok();
       }
@@ -644,6 +778,14 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
                                  << GetU32(body.data()) << ")";
         End(State::kClosed, UnavailableError("peer " + peer_name_ + " closed the link"),
             /*close_streams=*/true);
+        return Status::Ok();
+      case RecordType::kRetire:
+        stream->retire_received = true;
+        if (!stream->retiring) {
+          stream->retiring = true;
+          stream->retire_started_ns = MonotonicNanos();
+        }
+        MaybeFinishRetire(stream);
         return Status::Ok();
     }
     return DataLossError("unhandled record type");
@@ -669,7 +811,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
       AppendAckRecord(receive_.MakeAck(), &stream->out);
       ack_pending_ = false;
     }
-    if (state_ == State::kActive && !stream->close_after_write) {
+    if (state_ == State::kActive && !stream->close_after_write && !stream->retiring) {
       if (const OutChunk* chunk =
               send_.Next(stream->slot, chunk_bytes_, options_.max_inflight_per_stream)) {
         AppendDataRecordHeaders(chunk->header(), chunk->length, &stream->out);
@@ -679,7 +821,10 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
         ++est_.chunks_sent;
       }
     }
-    if (stream->out.empty()) return;
+    if (stream->out.empty()) {
+      MaybeFinishRetire(stream);
+      return;
+    }
     stream->writing = true;
     auto self = shared_from_this();
     stream->Write(asio::buffer(stream->out), [self, stream](const asio::error_code& ec, size_t) {
@@ -725,6 +870,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
                    false);
         continue;
       }
+      if (stream->retiring && now - stream->retire_started_ns > options_.stream_timeout_ns) {
+        STRAIT_LOG(kDebug, "net") << stream->peer() << " did not finish retiring; closing it";
+        RetireDone(stream);
+        continue;
+      }
       if (now - stream->last_ping_ns >= options_.ping_interval_ns) {
         stream->last_ping_ns = now;
         AppendPingRecord(RecordType::kPing, static_cast<uint64_t>(now), &stream->control);
@@ -750,19 +900,14 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
         est_.goodput_bytes_per_s = est_.goodput_bytes_per_s == 0
                                        ? rate
                                        : 0.7 * est_.goodput_bytes_per_s + 0.3 * rate;
-        adapt_acked_ += window_acked_;
-        adapt_busy_ = true;
       }
       window_start_ns_ = now;
       window_acked_ = 0;
       window_busy_ = !send_.idle();
     }
-    if (now - adapt_start_ns_ >= kAdaptWindowNs) {
-      Adapt(static_cast<double>(adapt_acked_) * 1e9 / static_cast<double>(now - adapt_start_ns_));
-      adapt_start_ns_ = now;
-      adapt_acked_ = 0;
-      adapt_busy_ = false;
-    }
+    AdaptTick(now);
+    MaybeFinishClose();
+    if (state_ != State::kActive) return;
 
     if (streams_up_ == 0 && now - no_streams_since_ > options_.unreachable_after_ns) {
       est_.unreachable = true;
@@ -778,37 +923,102 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     Publish();
   }
 
-  void Adapt(double goodput) {
-    if (role_ != Role::kDialer) return;
-    if (options_.adapt_chunk) {
-      chunk_bytes_ = ChooseChunkBytes(est_, std::max(1, streams_up_), chunk_bytes_,
+  // The propagation RTT, as well as pings measure it: the bandwidth-delay product and the
+  // adaptation windows are about the path, not about queues this link builds itself.
+  int64_t BaseRttNs() const { return est_.rtt_min_ns > 0 ? est_.rtt_min_ns : est_.rtt_smoothed_ns; }
+
+  void StartAdaptRound(int64_t at_ns) {
+    adapt_start_ns_ = at_ns;
+    adapt_start_acked_ = est_.bytes_acked;
+    adapt_ticks_ = 0;
+    adapt_backlog_ticks_ = 0;
+  }
+
+  // Adaptation rounds (dialer only): after K changed, wait until the pool has its new size and the
+  // new streams had time to ramp up; then measure goodput over one window and decide.
+  void AdaptTick(int64_t now) {
+    const bool streams = role_ == Role::kDialer && options_.adapt_streams;
+    if (!streams && !options_.adapt_chunk) return;
+    if (settling_) {
+      if (streams_up_ != target_streams_ &&
+          now - settle_began_ns_ < options_.handshake_timeout_ns + kSettleNs) {
+        return;
+      }
+      settling_ = false;
+      StartAdaptRound(now + std::max<int64_t>(kSettleNs, 4 * BaseRttNs()));
+      return;
+    }
+    if (now < adapt_start_ns_) {
+      StartAdaptRound(adapt_start_ns_);  // keep the baseline current until the round starts
+      return;
+    }
+    ++adapt_ticks_;
+    if (send_.has_work()) ++adapt_backlog_ticks_;
+    const int64_t elapsed = now - adapt_start_ns_;
+    if (elapsed < std::max<int64_t>(kAdaptWindowNs, 10 * BaseRttNs())) return;
+    const double goodput = static_cast<double>(est_.bytes_acked - adapt_start_acked_) * 1e9 /
+                           static_cast<double>(elapsed);
+    const bool busy = adapt_backlog_ticks_ >= kBusyFraction * adapt_ticks_;
+    StartAdaptRound(now);
+    Adapt(now, goodput, busy);
+  }
+
+  void Adapt(int64_t now, double goodput, bool busy) {
+    if (options_.adapt_chunk && busy) {
+      LinkEstimates path = est_;
+      path.rtt_smoothed_ns = BaseRttNs();
+      const int k = role_ == Role::kDialer ? target_streams_ : streams_up_;
+      chunk_bytes_ = ChooseChunkBytes(path, std::max(1, k), chunk_bytes_,
                                       options_.min_chunk_bytes, options_.max_chunk_bytes);
     }
-    if (options_.adapt_streams) {
-      const int next = controller_.Update(goodput, adapt_busy_);
-      if (next > target_streams_) {
-        for (int i = target_streams_; i < next; ++i) {
-          if (!slots_[i] && !dialing_.count(i)) Dial(i);
-        }
-      } else if (next < target_streams_) {
-        const int old = target_streams_;
-        target_streams_ = next;  // first, so that the slots above are not redialled
-        for (int i = next; i < old; ++i) {
-          redial_timers_.erase(i);
-          if (auto it = dialing_.find(i); it != dialing_.end()) {
-            it->second->Close();
-            dialing_.erase(it);
-          }
-          if (slots_[i]) {
-            StreamDown(slots_[i], CancelledError("fewer streams pay better (adaptation)"),
-                       false);
-          }
-        }
+    if (role_ == Role::kDialer && options_.adapt_streams) {
+      const int next = controller_.Update(goodput, busy);
+      const int old = target_streams_;
+      if (next != old) {
+        STRAIT_LOG(kInfo, "net") << "link to " << peer_name_ << ": " << old << " -> " << next
+                                 << " streams (goodput " << FormatRate(goodput * 8) << " with "
+                                 << old << ")";
+        ResizePool(next, now);
       }
-      target_streams_ = next;
     }
     est_.streams_target = target_streams_;
     est_.chunk_bytes = chunk_bytes_;
+  }
+
+ public:
+  // Dialer: grows the pool to `next` streams (dialing the new slots) or shrinks it (retiring the
+  // streams above it). The next adaptation round waits for the new pool.
+  void ResizePool(int next, int64_t now) {
+    if (role_ != Role::kDialer || state_ != State::kActive || slots_.empty()) return;
+    next = std::clamp(next, 1, static_cast<int>(slots_.size()));
+    const int old = target_streams_;
+    // The target first: Dial refuses slots above it, and ScheduleRedial does too, so retiring
+    // slots are not redialled.
+    target_streams_ = next;
+    for (int i = old; i < next; ++i) {
+      if (!slots_[i] && !dialing_.count(i)) Dial(i);
+    }
+    for (int i = next; i < old; ++i) {
+      redial_timers_.erase(i);
+      if (auto it = dialing_.find(i); it != dialing_.end()) {
+        it->second->Close();
+        dialing_.erase(it);
+      }
+      if (slots_[i]) Retire(slots_[i]);
+    }
+    settling_ = true;
+    settle_began_ns_ = now;
+    est_.streams_target = target_streams_;
+    Publish();
+  }
+
+ private:
+
+  // Ends a link Close() is flushing once nothing is left or the flush deadline passed.
+  void MaybeFinishClose() {
+    if (!closing_ || state_ != State::kActive) return;
+    if (!send_.idle() && MonotonicNanos() < close_deadline_ns_) return;
+    CloseNow(CloseReason::kNormal, close_status_);
   }
 
   // ---- Ending ---------------------------------------------------------------------------------
@@ -893,9 +1103,16 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   int64_t window_start_ns_ = 0;
   uint64_t window_acked_ = 0;
   bool window_busy_ = false;
+  bool settling_ = false;
+  int64_t settle_began_ns_ = 0;
   int64_t adapt_start_ns_ = 0;
-  uint64_t adapt_acked_ = 0;
-  bool adapt_busy_ = false;
+  uint64_t adapt_start_acked_ = 0;
+  int adapt_ticks_ = 0;
+  int adapt_backlog_ticks_ = 0;
+  bool dial_warned_ = false;
+  bool closing_ = false;
+  Status close_status_;
+  int64_t close_deadline_ns_ = 0;
   uint64_t retrans_closed_ = 0;
 
   LinkEstimates est_;
@@ -1086,7 +1303,7 @@ void EndpointCore::Unregister(LinkCore* link) {
   }
 }
 
-void EndpointCore::ShutdownAll() {
+void EndpointCore::BeginShutdown() {
   shut_down_ = true;
   if (acceptor_) {
     asio::error_code ec;
@@ -1094,10 +1311,21 @@ void EndpointCore::ShutdownAll() {
   }
   for (auto& stream : handshaking_) stream->Close();
   handshaking_.clear();
-  for (auto& link : std::vector<std::shared_ptr<LinkCore>>(links_)) link->Shutdown();
+  closing_ = links_;
+  for (auto& link : closing_) link->Shutdown();
   links_.clear();
   sessions_.clear();
   on_accept_ = nullptr;
+}
+
+bool EndpointCore::ShutdownDrained() const {
+  return std::all_of(closing_.begin(), closing_.end(),
+                     [](const auto& link) { return link->streams_up() == 0; });
+}
+
+void EndpointCore::FinishShutdown() {
+  for (auto& link : closing_) link->DropAllStreams();
+  closing_.clear();
 }
 
 // ---- Public handles ---------------------------------------------------------------------------
@@ -1148,13 +1376,17 @@ LinkEstimates Link::Estimates() const { return impl_->core->Snapshot(); }
 
 void Link::Close() {
   impl_->runtime->Post([core = impl_->core] {
-    core->Close(CloseReason::kNormal,
-                CancelledError("link to " + core->peer_name() + " closed by its owner"));
+    core->Close(CancelledError("link to " + core->peer_name() + " closed by its owner"));
   });
 }
 
 void Link::KillStreamForTest(int index) {
   impl_->runtime->Post([core = impl_->core, index] { core->KillStream(index); });
+}
+
+void Link::SetStreamsForTest(int streams) {
+  impl_->runtime->Post(
+      [core = impl_->core, streams] { core->ResizePool(streams, MonotonicNanos()); });
 }
 
 struct Endpoint::Impl {
@@ -1168,7 +1400,11 @@ struct Endpoint::Impl {
 Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Endpoint::~Endpoint() {
-  impl_->runtime->Shutdown([core = impl_->core] { core->ShutdownAll(); });
+  // Close records go out first (so that peers do not redial for unreachable_after_ns), for at
+  // most kShutdownDrainNs.
+  impl_->runtime->Shutdown([core = impl_->core] { core->BeginShutdown(); },
+                           [core = impl_->core] { return core->ShutdownDrained(); },
+                           [core = impl_->core] { core->FinishShutdown(); }, kShutdownDrainNs);
 }
 
 namespace {
@@ -1190,8 +1426,16 @@ Status CheckOptions(const EndpointOptions& o) {
                                 "max_streams <= " + std::to_string(kMaxStreams));
   }
   if (l.adapt_streams && (l.streams < l.min_streams || l.streams > l.max_streams)) {
-    return InvalidArgumentError("streams must lie within [min_streams, max_streams]");
+    return InvalidArgumentError("with adapt_streams, streams (" + std::to_string(l.streams) +
+                                ") must lie within [min_streams, max_streams] = [" +
+                                std::to_string(l.min_streams) + ", " +
+                                std::to_string(l.max_streams) +
+                                "]; raise max_streams or set adapt_streams = false for a fixed K");
   }
+  if (l.max_partial_bytes < l.max_message_bytes) {
+    return InvalidArgumentError("max_partial_bytes must be at least max_message_bytes");
+  }
+  if (l.close_flush_ns < 0) return InvalidArgumentError("close_flush_ns must not be negative");
   if (l.chunk_bytes == 0 || l.chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes == 0 ||
       l.max_chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes > l.max_chunk_bytes) {
     return InvalidArgumentError("chunk sizes must be within 1 byte .. 16 MiB, min <= max");

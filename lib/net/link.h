@@ -6,7 +6,9 @@
 // Messages sent on a link are cut into chunks that go to whichever stream can take one now; the
 // peer acknowledges chunks; when a stream dies its unacknowledged chunks go out on the others and
 // the dialing side redials it with exponential backoff. Each message reaches the peer's receive
-// callback exactly once, whole, and in order per channel.
+// callback exactly once, whole, and in order per channel. By default the link adapts K (more
+// streams while they raise goodput, as under per-flow caps) and the chunk size (bandwidth x RTT);
+// see LinkOptions.
 //
 // Usage:
 //   EndpointOptions options;  options.region = "us-east";  (+ CA, certificate, key, peers)
@@ -50,24 +52,40 @@ enum class Transport : uint8_t {
   kPlainTcp = 1,  // no encryption and no authentication: only for trusted test networks
 };
 
+// Adaptation is on by default (since the per-flow-cap WAN test showed it converging): K starts
+// at `streams` and grows one stream per round while each added stream raises goodput by more than
+// 5% (a round is max(1 s, 10 RTT) of busy link, measured after the new streams left slow start),
+// falls back to the best K when one does not, holds there for 20 rounds and probes again; it
+// never goes below `streams`. Streams taken out are retired (drained, no resends). The chunk size
+// follows a quarter of one stream's share of bandwidth x RTT. Set adapt_streams / adapt_chunk to
+// false for a fixed K or chunk size.
 struct LinkOptions {
-  // K, the number of streams a dialed link opens (1..64). With adapt_streams it is the start.
+  // K, the number of streams a dialed link opens (1..64). With adapt_streams it is the start,
+  // and must lie within [min_streams, max_streams].
   int streams = 4;
-  bool adapt_streams = false;  // hill-climb K on goodput between min_streams and max_streams
+  bool adapt_streams = true;  // hill-climb K on goodput between `streams` and max_streams
   int min_streams = 1;
   int max_streams = 16;
-  // Chunk size cut from messages; with adapt_chunk it follows bandwidth x RTT within
-  // [min_chunk_bytes, max_chunk_bytes]. At most 16 MiB.
+  // Chunk size cut from messages; with adapt_chunk it is the start, then follows bandwidth x RTT
+  // within [min_chunk_bytes, max_chunk_bytes]. At most 16 MiB.
   uint32_t chunk_bytes = 256 * 1024;
-  bool adapt_chunk = false;
+  bool adapt_chunk = true;
   uint32_t min_chunk_bytes = 64 * 1024;
   uint32_t max_chunk_bytes = 4 * 1024 * 1024;
   // Unacknowledged bytes one stream may carry; bounds what a stream's death costs to resend.
   uint64_t max_inflight_per_stream = 8 * 1024 * 1024;
   // The largest message the receiving side accepts (it allocates a message's size up front).
   uint64_t max_message_bytes = uint64_t{1} << 30;
+  // Bytes the receiving side holds at most for messages being assembled (or complete and waiting
+  // for an earlier message of their channel), at least max_message_bytes. A peer that sends
+  // beyond it breaks the protocol (its stream is closed and counted in protocol_errors). Set it
+  // alike on both sides: the sender holds new messages back to stay within it.
+  uint64_t max_partial_bytes = uint64_t{2} << 30;
   // Bytes a link may hold queued and not yet cut; Send beyond it fails with kResourceExhausted.
   uint64_t max_queued_bytes = uint64_t{4} << 30;
+  // Link::Close() keeps sending what was queued before it for at most this long (each send also
+  // keeps its own deadline), then tells the peer and cancels what is left.
+  int64_t close_flush_ns = int64_t{5'000'000'000};
   // TCP_CONGESTION for every stream ("bbr", "cubic", "reno"; "" = the system default).
   std::string congestion_control;
   // TCP_NOTSENT_LOWAT for every stream; 0 = leave unset.
@@ -127,13 +145,21 @@ class Link {
   // A copy of the link's measurements and counters. Thread-safe; never blocks on the network.
   LinkEstimates Estimates() const;
 
-  // Tells the peer, closes every stream, and fails unfinished sends with kCancelled. The peer's
-  // link fails its unfinished sends with kUnavailable. Thread-safe; does not block; idempotent.
+  // Stops taking sends (later ones fail with kCancelled), keeps sending what was queued before
+  // for at most LinkOptions::close_flush_ns (each send's own deadline still applies), then tells
+  // the peer, closes every stream and fails what is left with kCancelled. The peer's link fails
+  // its unfinished sends with kUnavailable and does not redial. Thread-safe; does not block;
+  // idempotent.
   void Close();
 
   // Test hook: shuts down the socket of stream `index` as if the network dropped it, without
   // telling the peer. Thread-safe; does not block.
   void KillStreamForTest(int index);
+
+  // Test hook: resizes the pool of a dialed link to `streams` (clamped to [1, max_streams]) as
+  // adaptation would: new slots are dialled, streams above the size are retired (drained without
+  // resends). Adaptation, when on, may change it again later. Thread-safe; does not block.
+  void SetStreamsForTest(int streams);
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -149,8 +175,10 @@ class Endpoint {
   // starts the I/O thread. Errors name the option or file at fault. Does not touch the network.
   static StatusOr<std::unique_ptr<Endpoint>> Create(EndpointOptions options,
                                                     AcceptCallback on_accept);
-  // Closes the listener and every link (unfinished sends fail with kUnavailable) and joins the
-  // I/O thread. Blocks briefly; must not be called from an I/O-thread callback.
+  // Closes the listener and every link (unfinished sends fail with kUnavailable; nothing is
+  // flushed), tells every peer so that it does not redial, and joins the I/O thread. Blocks
+  // briefly (at most about half a second while close records go out); must not be called from
+  // an I/O-thread callback.
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;

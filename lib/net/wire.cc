@@ -111,6 +111,9 @@ Status ParseRecordHeader(std::span<const uint8_t> bytes, RecordHeader* header) {
     case static_cast<uint8_t>(RecordType::kClose):
       if (length != 4) return bad_length("close", 4, 4);
       break;
+    case static_cast<uint8_t>(RecordType::kRetire):
+      if (length != 0) return bad_length("retire", 0, 0);
+      break;
     default:
       return DataLossError("unknown record type " + std::to_string(type));
   }
@@ -218,6 +221,12 @@ void AppendCloseRecord(CloseReason reason, std::vector<uint8_t>* out) {
   out->resize(at + kRecordHeaderBytes + 4);
   EncodeRecordHeader(RecordType::kClose, 4, out->data() + at);
   PutU32(out->data() + at + kRecordHeaderBytes, static_cast<uint32_t>(reason));
+}
+
+void AppendRetireRecord(std::vector<uint8_t>* out) {
+  const size_t at = out->size();
+  out->resize(at + kRecordHeaderBytes);
+  EncodeRecordHeader(RecordType::kRetire, 0, out->data() + at);
 }
 
 }  // namespace strait::net

@@ -31,6 +31,12 @@
 //   kPing (8):            u64 sender's monotonic nanoseconds; answered by kPong echoing it.
 //   kPong (8):            the echoed u64.
 //   kClose (4):           u32 CloseReason: the sender closes the whole link and will not redial.
+//   kRetire (0):          the sender takes this one stream out of the pool (the link shrinks):
+//                         it cuts no new chunks onto it. The acceptor answers with its own
+//                         kRetire once everything it wrote on the stream was acknowledged; the
+//                         dialer then closes the stream, and neither side treats that as a
+//                         failure. (Added within wire version 1 before any release; a peer that
+//                         does not know it closes the stream, which the sender also tolerates.)
 //
 // Sequence numbers count chunks per link and direction from 0. The format is versioned by the
 // hello; enum values are explicit and never renumbered (regions upgrade one at a time).
@@ -65,6 +71,7 @@ enum class RecordType : uint8_t {
   kPing = 3,
   kPong = 4,
   kClose = 5,
+  kRetire = 6,
 };
 
 enum class CloseReason : uint32_t {
@@ -132,6 +139,7 @@ Status ParseAck(std::span<const uint8_t> body, Ack* ack);
 
 void AppendPingRecord(RecordType type, uint64_t stamp, std::vector<uint8_t>* out);
 void AppendCloseRecord(CloseReason reason, std::vector<uint8_t>* out);
+void AppendRetireRecord(std::vector<uint8_t>* out);
 
 // Little-endian helpers shared with the tests.
 void PutU16(uint8_t* p, uint16_t v) noexcept;

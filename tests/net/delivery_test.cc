@@ -229,6 +229,60 @@ TEST(ReceiveBook, RefusesWhatContradictsOrExceedsLimits) {
 // Random simulation: K streams that reorder chunks between themselves, lose acks and die
 // mid-flight (resending their unacked chunks elsewhere); every message must arrive exactly once,
 // intact, in order per channel, and every send must complete OK.
+TEST(ReceiveBook, CapsBytesHeldForPartialMessages) {
+  ReceiveBook book(1000, 2500);
+  bool dup = false;
+  std::vector<Delivery> out;
+  const std::vector<uint8_t> byte(1, 7);
+  // Two 1000-byte messages started on channel 0 and a third on channel 1: 3000 > 2500.
+  ASSERT_TRUE(book.OnChunk(DataHeader{0, 0, 0, 1000, 0}, byte, &dup, &out).ok());
+  ASSERT_TRUE(book.OnChunk(DataHeader{1, 0, 1, 1000, 0}, byte, &dup, &out).ok());
+  EXPECT_EQ(book.partial_bytes(), 2000u);
+  const Status s = book.OnChunk(DataHeader{2, 1, 0, 1000, 0}, byte, &dup, &out);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("max_partial_bytes"), std::string::npos) << s;
+  EXPECT_EQ(book.partial_bytes(), 2000u);
+  // A small one still fits, and delivering frees what a message held.
+  ASSERT_TRUE(book.OnChunk(DataHeader{3, 1, 0, 400, 0}, std::vector<uint8_t>(400, 1), &dup, &out)
+                  .ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(book.partial_bytes(), 2000u);
+  ASSERT_TRUE(book.OnChunk(DataHeader{4, 0, 0, 1000, 1}, std::vector<uint8_t>(999, 2), &dup, &out)
+                  .ok());
+  EXPECT_EQ(book.partial_bytes(), 1000u);
+  EXPECT_TRUE(book.OnChunk(DataHeader{5, 1, 1, 1000, 0}, byte, &dup, &out).ok());
+}
+
+TEST(SendBook, HoldsNewMessagesBackWithinTheReceiversPartialBudget) {
+  SendBook book;
+  book.set_max_started_bytes(2500);
+  std::vector<Status> done;
+  for (int i = 0; i < 3; ++i) book.Enqueue(0, Pattern(1000, i), INT64_MAX, Record(&done));
+  // Two messages fit; the third waits although streams could take it.
+  const OutChunk* a = book.Next(0, 1000, UINT64_MAX);
+  const OutChunk* b = book.Next(1, 1000, UINT64_MAX);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(book.Next(2, 1000, UINT64_MAX), nullptr);
+  EXPECT_EQ(book.started_bytes(), 2000u);
+  // Acking the second message does not free it: the receiver holds it until the first arrives.
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  ASSERT_TRUE(book.OnAck(Ack{0, {AckRange{1, 2}}}, &acked, &completions).ok());
+  RunCompletions(&completions);
+  EXPECT_EQ(done.size(), 1u);
+  EXPECT_EQ(book.Next(2, 1000, UINT64_MAX), nullptr);
+  ASSERT_TRUE(book.OnAck(Ack{2, {}}, &acked, &completions).ok());
+  RunCompletions(&completions);
+  EXPECT_EQ(book.started_bytes(), 0u);
+  EXPECT_NE(book.Next(2, 1000, UINT64_MAX), nullptr);
+  // A message larger than the budget still goes when nothing else is held.
+  SendBook big;
+  big.set_max_started_bytes(100);
+  big.Enqueue(0, Pattern(1000, 9), INT64_MAX, Record(&done));
+  EXPECT_NE(big.Next(0, 64, UINT64_MAX), nullptr);
+}
+
 TEST(Delivery, SurvivesReorderingStreamDeathAndDuplicates) {
   for (uint32_t seed = 1; seed <= 20; ++seed) {
     std::mt19937 rng(seed);

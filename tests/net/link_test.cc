@@ -10,11 +10,13 @@
 #include <asio/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "common/log.h"
 #include "net/wire.h"
 #include "tests/net/test_certs.h"
 
@@ -202,14 +204,25 @@ bool RawPeerIsClosed(uint16_t port, const CertFiles* tls, const std::vector<uint
     if (ec) return false;
     asio::write(*plain, asio::buffer(bytes), ec);
   }
+  // Reads (the listener's hello, if any) until the connection fails or the time is up.
   bool closed = false;
   std::array<uint8_t, 256> buf;
-  auto on_read = [&](const asio::error_code& rec, size_t) { closed = static_cast<bool>(rec); };
-  if (ssl) {
-    ssl->async_read_some(asio::buffer(buf), on_read);
-  } else {
-    plain->async_read_some(asio::buffer(buf), on_read);
-  }
+  std::function<void(const asio::error_code&, size_t)> on_read;
+  auto read_more = [&] {
+    if (ssl) {
+      ssl->async_read_some(asio::buffer(buf), on_read);
+    } else {
+      plain->async_read_some(asio::buffer(buf), on_read);
+    }
+  };
+  on_read = [&](const asio::error_code& rec, size_t) {
+    if (rec) {
+      closed = true;
+    } else {
+      read_more();
+    }
+  };
+  read_more();
   io.run_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(seconds)));
   return closed;
@@ -307,6 +320,48 @@ TEST_F(NetLink, KilledStreamsStillDeliverIntactExactlyOnce) {
   EXPECT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
 }
 
+TEST_F(NetLink, ShrinkingAndGrowingThePoolLosesAndResendsNothing) {
+  Server server;
+  ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
+  EndpointOptions options = Options("eu", eu_, {"us"});
+  options.link.adapt_streams = false;
+  options.link.adapt_chunk = false;
+  auto client = Endpoint::Create(options, nullptr);
+  ASSERT_TRUE(client.ok());
+  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
+  ASSERT_TRUE(link.ok());
+  ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+
+  constexpr int kMessages = 60;
+  std::map<uint32_t, std::vector<std::vector<uint8_t>>> expected;
+  SendTracker sends;
+  auto send = [&](int i) {
+    std::vector<uint8_t> m = Pattern(500000 + i, 50 + i);
+    expected[i % 3].push_back(m);
+    (*link)->Send(i % 3, std::move(m), Deadline::AfterSeconds(30), sends.Done());
+  };
+  for (int i = 0; i < kMessages / 2; ++i) send(i);
+  (*link)->SetStreamsForTest(2);  // while chunks are in flight on every stream
+  ASSERT_TRUE(Eventually([&] { return (*link)->Estimates().streams_up == 2; }, 10));
+  EXPECT_EQ((*link)->Estimates().streams_target, 2);
+  for (int i = kMessages / 2; i < kMessages; ++i) send(i);
+  (*link)->SetStreamsForTest(4);
+  ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+  ASSERT_TRUE(sends.WaitFor(kMessages, 30));
+  for (const Status& s : sends.results()) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(server.received.WaitFor(kMessages, 10));
+  EXPECT_EQ(server.received.messages(), expected);
+  const LinkEstimates e = (*link)->Estimates();
+  EXPECT_EQ(e.stream_failures, 0u);
+  EXPECT_EQ(e.chunks_resent, 0u);
+  std::shared_ptr<Link> accepted = server.link(0);
+  ASSERT_NE(accepted, nullptr);
+  EXPECT_EQ(accepted->Estimates().stream_failures, 0u);
+  EXPECT_EQ(accepted->Estimates().protocol_errors, 0u);
+  EXPECT_EQ(accepted->Estimates().duplicate_chunks, 0u);
+  EXPECT_EQ(server.endpoint->Counters().links_accepted, 1u);
+}
+
 TEST_F(NetLink, CertificateFromAnotherCaIsRefused) {
   Server server;
   ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
@@ -378,6 +433,101 @@ TEST_F(NetLink, GarbageAndWrongVersionAreClosedAndCounted) {
   EXPECT_EQ(server.endpoint->Counters().links_accepted, 1u);
   EXPECT_EQ((*link)->Estimates().streams_up, 4);
   EXPECT_TRUE((*link)->SendAndWait(0, Pattern(500000, 9), Deadline::AfterSeconds(10)).ok());
+}
+
+TEST_F(NetLink, PeerExceedingThePartialMessageBudgetIsAProtocolError) {
+  Server server;
+  EndpointOptions options = Options("us", us_, {"eu"});
+  options.link.max_message_bytes = 1 << 20;
+  options.link.max_partial_bytes = 2 << 20;
+  ASSERT_TRUE(server.Start(options).ok());
+  // A hello, then the first byte of three 1 MiB messages: the third would make 3 MiB held.
+  Hello hello;
+  hello.session_id = 77;
+  hello.region = "eu";
+  std::vector<uint8_t> bytes = EncodeHello(hello);
+  for (uint64_t id = 0; id < 3; ++id) {
+    AppendDataRecordHeaders(DataHeader{id, 0, id, 1 << 20, 0}, 1, &bytes);
+    bytes.push_back(1);
+  }
+  EXPECT_TRUE(RawPeerIsClosed(server.port, &eu_, bytes, 5));
+  std::shared_ptr<Link> accepted;
+  ASSERT_TRUE(Eventually([&] { return (accepted = server.link(0)) != nullptr; }, 5));
+  EXPECT_TRUE(Eventually([&] { return accepted->Estimates().protocol_errors == 1; }, 5));
+  EXPECT_EQ(server.received.count(), 0u);
+}
+
+TEST_F(NetLink, CloseFlushesWhatWasQueuedBeforeIt) {
+  Server server;
+  ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
+  auto client = Endpoint::Create(Options("eu", eu_, {"us"}), nullptr);
+  ASSERT_TRUE(client.ok());
+  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
+  ASSERT_TRUE(link.ok());
+  SendTracker sends;
+  for (uint32_t i = 0; i < 4; ++i) {
+    (*link)->Send(i, Pattern(1 << 20, i), Deadline::AfterSeconds(10), sends.Done());
+  }
+  (*link)->Close();  // before the streams are even up
+  ASSERT_TRUE(sends.WaitFor(4, 10));
+  for (const Status& s : sends.results()) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(server.received.WaitFor(4, 5));
+  EXPECT_EQ(server.received.messages()[3].at(0), Pattern(1 << 20, 3));
+  EXPECT_EQ((*link)->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
+            StatusCode::kCancelled);
+  std::shared_ptr<Link> accepted = server.link(0);
+  ASSERT_NE(accepted, nullptr);
+  EXPECT_EQ(accepted->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
+            StatusCode::kUnavailable);
+}
+
+TEST_F(NetLink, EndpointShutdownTellsPeersSoThatTheyDoNotRedial) {
+  auto server = std::make_unique<Server>();
+  ASSERT_TRUE(server->Start(Options("us", us_, {"eu"})).ok());
+  EndpointOptions options = Options("eu", eu_, {"us"});
+  options.link.unreachable_after_ns = 30'000'000'000;  // what a peer would wait without a close
+  auto client = Endpoint::Create(options, nullptr);
+  ASSERT_TRUE(client.ok());
+  auto link = (*client)->Connect("us", "127.0.0.1", server->port, nullptr);
+  ASSERT_TRUE(link.ok());
+  ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+  ASSERT_TRUE((*link)->SendAndWait(0, Pattern(1000, 1), Deadline::AfterSeconds(10)).ok());
+  Stopwatch clock;
+  server.reset();
+  const Status s = (*link)->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("closed the link"), std::string::npos) << s;
+  EXPECT_LT(clock.ElapsedSeconds(), 3.0);
+  EXPECT_EQ((*link)->Estimates().stream_failures, 0u) << "the streams closed, none failed";
+}
+
+TEST_F(NetLink, RedialFailuresWarnOnceThenLogAtDebug) {
+  uint16_t port = 0;
+  {
+    Server s;
+    ASSERT_TRUE(s.Start(Options("us", us_, {"eu"})).ok());
+    port = s.port;
+  }
+  std::mutex mu;
+  int warnings = 0;
+  SetLogSink([&](LogLevel level, std::string_view, std::string_view message) {
+    if (level == LogLevel::kWarn && message.find("dialing") != std::string_view::npos) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++warnings;
+    }
+  });
+  EndpointOptions options = Options("eu", eu_, {"us"});
+  options.link.streams = 1;
+  options.link.unreachable_after_ns = 10'000'000'000;
+  auto client = Endpoint::Create(options, nullptr);
+  ASSERT_TRUE(client.ok());
+  auto link = (*client)->Connect("us", "127.0.0.1", port, nullptr);
+  ASSERT_TRUE(link.ok());
+  EXPECT_TRUE(Eventually([&] { return (*link)->Estimates().stream_failures >= 4; }, 5));
+  client->reset();
+  SetLogSink(nullptr);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(warnings, 1);
 }
 
 TEST_F(NetLink, PlainTcpWorksOnlyWhenConfiguredOnBothSides) {

@@ -84,6 +84,14 @@ TEST(WireRecord, HeaderBoundsPerType) {
   EXPECT_FALSE(ParseRecordHeader(std::span<const uint8_t>(h), &header).ok());
   EncodeRecordHeader(RecordType::kClose, 4, h);
   EXPECT_TRUE(ParseRecordHeader(std::span<const uint8_t>(h), &header).ok());
+  EncodeRecordHeader(RecordType::kRetire, 1, h);
+  EXPECT_FALSE(ParseRecordHeader(std::span<const uint8_t>(h), &header).ok());
+  std::vector<uint8_t> retire;
+  AppendRetireRecord(&retire);
+  ASSERT_EQ(retire.size(), kRecordHeaderBytes);
+  ASSERT_TRUE(ParseRecordHeader(retire, &header).ok());
+  EXPECT_EQ(header.type, RecordType::kRetire);
+  EXPECT_EQ(header.length, 0u);
   h[0] = 99;
   const Status s = ParseRecordHeader(std::span<const uint8_t>(h), &header);
   EXPECT_NE(s.message().find("unknown record type 99"), std::string::npos) << s;
