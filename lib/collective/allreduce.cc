@@ -1,0 +1,201 @@
+// AllReduce: request checks, the plan, the mesh algorithm, and the dispatch to the ring.
+//
+// Mesh threads: the calling thread encodes and sends this rank's parts of every shard, chunk
+// by chunk (round-robin over owners so that every owner gets work early), then receives and
+// decodes the other owners' results. A helper thread does the owner's work for this rank's
+// shard as the frames arrive. The two touch disjoint parts of the caller's buffer at any time:
+// the owner thread overwrites a chunk of its shard only after receiving this rank's own frame of
+// that chunk, which the calling thread sent after it had read the chunk.
+#include "collective/allreduce.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "collective/engine.h"
+#include "collective/ring.h"
+
+namespace strait::collective {
+namespace {
+
+using internal::OpContext;
+using internal::Worker;
+
+bool IsFloatPath(DataType dtype, ReduceOp op) {
+  return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+}
+
+Status Validate(const Transport& transport, const AllReduceRequest& r) {
+  if (transport.size() < 1 || transport.rank() < 0 || transport.rank() >= transport.size()) {
+    return InvalidArgumentError("transport reports rank " + std::to_string(transport.rank()) +
+                                " of " + std::to_string(transport.size()));
+  }
+  if (!IsValidDataType(static_cast<uint8_t>(r.dtype))) {
+    return InvalidArgumentError("dtype: invalid value " +
+                                std::to_string(static_cast<int>(r.dtype)));
+  }
+  if (!IsValidReduceOp(static_cast<uint8_t>(r.op))) {
+    return InvalidArgumentError("op: invalid value " + std::to_string(static_cast<int>(r.op)));
+  }
+  if (r.count > 0 && r.data == nullptr) {
+    return InvalidArgumentError("data is null for " + std::to_string(r.count) + " elements");
+  }
+  const bool lossy = IsLossyCodec(r.codec.codec);
+  if (lossy && !IsFloatPath(r.dtype, r.op)) {
+    return InvalidArgumentError(
+        std::string("codec ") + CodecName(r.codec.codec) +
+        " is lossy and applies only to sum or avg of float32, bfloat16 or float16, not " +
+        ReduceOpName(r.op) + " of " + DataTypeName(r.dtype) + "; use codec none or zstd");
+  }
+  STRAIT_RETURN_IF_ERROR(ValidateCodecOptions(r.codec, r.dtype).WithContext("codec"));
+  if (lossy) {
+    STRAIT_RETURN_IF_ERROR(ValidateCodecOptions(r.codec, DataType::kFloat32).WithContext("codec"));
+  }
+  if (lossy && r.error_feedback && r.feedback == nullptr) {
+    return InvalidArgumentError("error_feedback is on but no ErrorFeedbackStore was given");
+  }
+  if (r.chunk_elements == 0 || r.chunk_elements > kMaxFrameElements) {
+    return InvalidArgumentError("chunk_elements must lie in [1, 2^40], not " +
+                                std::to_string(r.chunk_elements));
+  }
+  return Status::Ok();
+}
+
+Status OwnerLoop(OpContext& ctx) {
+  const int owner = ctx.rank;
+  const size_t chunks = ctx.plan.ChunkCount(owner);
+  if (chunks == 0) return Status::Ok();
+  Worker w;
+  std::vector<float> facc;
+  std::vector<uint8_t> tacc;
+  std::vector<uint8_t> frame;
+  std::vector<uint8_t> result;
+  for (size_t k = 0; k < chunks; ++k) {
+    const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
+    if (ctx.float_path) {
+      facc.resize(chunk.count);
+    } else {
+      tacc.resize(chunk.count * ctx.elem);
+    }
+    // Fixed rank order: the sum does not depend on which frame arrived first.
+    for (int r = 0; r < ctx.world; ++r) {
+      STRAIT_RETURN_IF_ERROR(
+          internal::RecvFrame(ctx, r, MakeTag(ctx.request->op_id, TagPhase::kMeshScatter, chunk.id),
+                              "reduce-scatter", chunk, &frame));
+      STRAIT_RETURN_IF_ERROR(
+          internal::AccumulateFrame(ctx, w, frame, chunk, r == 0, facc.data(), tacc.data()));
+    }
+    STRAIT_RETURN_IF_ERROR(
+        internal::EncodeResult(ctx, w, chunk, facc.data(), tacc.data(), &result));
+    const uint64_t tag = MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id);
+    for (int j = 1; j < ctx.world; ++j) {
+      internal::SendFrame(ctx, (owner + j) % ctx.world, tag, result);
+    }
+    // The owner keeps exactly what it sent, not its fp32 accumulator.
+    STRAIT_RETURN_IF_ERROR(internal::DecodeResult(ctx, w, result, chunk));
+  }
+  return Status::Ok();
+}
+
+Status SenderLoop(OpContext& ctx) {
+  const int n = ctx.world;
+  size_t rounds = 0;
+  for (int i = 0; i < n; ++i) rounds = std::max(rounds, ctx.plan.ChunkCount(i));
+  Worker w;
+  std::vector<uint8_t> frame;
+  for (size_t k = 0; k < rounds; ++k) {
+    // This rank's own shard comes last in each round: the owner thread works on it meanwhile.
+    for (int j = 1; j <= n; ++j) {
+      const int owner = (ctx.rank + j) % n;
+      if (k >= ctx.plan.ChunkCount(owner)) continue;
+      if (ctx.cancelled()) return CancelledError("stopped: the all-reduce failed elsewhere");
+      const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
+      STRAIT_RETURN_IF_ERROR(internal::EncodeInput(ctx, w, chunk, &frame));
+      internal::SendFrame(ctx, owner, MakeTag(ctx.request->op_id, TagPhase::kMeshScatter, chunk.id),
+                          std::move(frame));
+      frame = {};
+    }
+  }
+  for (size_t k = 0; k < rounds; ++k) {
+    for (int j = 1; j < n; ++j) {
+      const int owner = (ctx.rank + j) % n;
+      if (k >= ctx.plan.ChunkCount(owner)) continue;
+      const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
+      STRAIT_RETURN_IF_ERROR(internal::RecvFrame(
+          ctx, owner, MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id), "all-gather",
+          chunk, &frame));
+      STRAIT_RETURN_IF_ERROR(internal::DecodeResult(ctx, w, frame, chunk));
+    }
+  }
+  return Status::Ok();
+}
+
+Status RunMesh(OpContext& ctx) {
+  std::thread owner;
+  if (ctx.plan.ChunkCount(ctx.rank) > 0) {
+    owner = std::thread([&ctx] { ctx.Fail(OwnerLoop(ctx)); });
+  }
+  ctx.Fail(SenderLoop(ctx));
+  if (owner.joinable()) owner.join();
+  return ctx.first_error();
+}
+
+}  // namespace
+
+PlanOptions PlanFor(const AllReduceRequest& request, int world) {
+  PlanOptions o;
+  o.count = request.count;
+  o.world = world;
+  o.weights = request.shard_weights;
+  o.align = IsLossyCodec(request.codec.codec) ? std::max<uint32_t>(request.codec.block_size, 1) : 1;
+  o.chunk_elements = request.chunk_elements;
+  o.algorithm = request.algorithm;
+  o.links = request.links;
+  return o;
+}
+
+Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduceStats* stats) {
+  const std::string what = "all-reduce " + request.job + "/" + request.tensor_key;
+  STRAIT_RETURN_IF_ERROR(Validate(transport, request).WithContext(what));
+  auto plan = MakePlan(PlanFor(request, transport.size()));
+  if (!plan.ok()) return plan.status().WithContext(what);
+
+  OpContext ctx;
+  ctx.request = &request;
+  ctx.transport = &transport;
+  ctx.plan = std::move(plan).value();
+  ctx.rank = transport.rank();
+  ctx.world = transport.size();
+  ctx.elem = DataTypeSize(request.dtype);
+  ctx.data = static_cast<uint8_t*>(request.data);
+  ctx.float_path = IsFloatPath(request.dtype, request.op);
+  ctx.lossy = IsLossyCodec(request.codec.codec);
+  ctx.exact_op = request.op == ReduceOp::kAvg ? ReduceOp::kSum : request.op;
+  if (ctx.lossy && request.error_feedback && request.count > 0) {
+    ctx.send_residual =
+        request.feedback->Residual(request.job, request.tensor_key + ":send", request.count);
+    ctx.own_residual =
+        request.feedback->Residual(request.job, request.tensor_key + ":own", request.count);
+  }
+  if (stats != nullptr) {
+    *stats = AllReduceStats{};
+    stats->algorithm = ctx.plan.algorithm;
+    stats->chunks = ctx.plan.chunks.size();
+  }
+  if (request.count == 0) return Status::Ok();
+
+  // A one-rank ring is the mesh (the owner talks only to itself).
+  Status status = ctx.plan.algorithm == Algorithm::kRing && ctx.world > 1 ? internal::RunRing(ctx)
+                                                                          : RunMesh(ctx);
+  // On success, the sends handed over must also have gone through (NetTransport: acknowledged)
+  // for the operation to count as done. After a failure there is nothing to wait for: the
+  // completions hold only shared state, and the transport owns the bytes.
+  if (status.ok()) status = ctx.sends.Wait(request.deadline);
+  if (stats != nullptr) {
+    stats->bytes_sent = ctx.bytes_sent.load();
+    stats->bytes_received = ctx.bytes_received.load();
+  }
+  return status.WithContext(what);
+}
+
+}  // namespace strait::collective

@@ -1,0 +1,113 @@
+// Cross-region all-reduce among the gateways that hold the same shard index in every region.
+//
+// Mesh algorithm (the default; see plan.h for when the ring runs instead):
+//   The tensor is split into one shard per rank (the shard's owner), sized in proportion to the
+//   owners' link bandwidths, and each shard into chunks that are pipelined.
+//   Phase 1: every rank encodes its part of shard i (with its sender error-feedback residual)
+//   and sends it to owner i; its own part of its own shard goes through the same encode path.
+//   Phase 2: owner i decodes the n frames in fixed rank order 0..n-1, accumulating in fp32,
+//   encodes the result once (with its owner residual), sends that one frame to every rank and
+//   decodes it for itself too. Every rank therefore ends with bit-identical data, lossy codecs
+//   included, and the result does not depend on which rank owns which shard.
+//   Chunks overlap: the calling thread encodes and sends chunk after chunk while a second thread
+//   reduces and answers for the shard this rank owns; all receives are buffered by the transport.
+//
+// Numerics:
+//   sum/avg of float32/bfloat16/float16: the fp32 path above, with any codec (lossy or
+//     lossless). With a lossless codec the result is the fp32 sum in rank order, rounded once to
+//     the element type; avg divides the fp32 sum by n before that rounding (and before encoding).
+//   every other (op, type) pair (max/min/prod, integers, float64, fp8): lossless codecs only,
+//     reduced exactly with strait::ReduceInPlace in rank order in the element type; avg on
+//     those types sums and then calls DivideInPlace (integers truncate).
+//
+// Error feedback (lossy codecs, error_feedback = true): residuals live in `feedback` under
+// (job, tensor_key + ":send") for what this rank sent and (job, tensor_key + ":own") for the
+// results it encoded as owner, each `count` floats. Keep the same plan (weights, world) from step
+// to step: a residual is indexed by element, so a changed split still works but loses the part
+// of the residual that moved to another owner.
+//
+// Failure: every wait is bounded by `deadline`. A peer that never answers makes AllReduce return
+// kDeadlineExceeded naming the peer, phase and chunk; the other ranks, waiting on the same peer
+// or on a rank that gave up, fail the same way by the same deadline. Nothing is ever left
+// half-written silently: on error the contents of `data` are unspecified (partly reduced) and the
+// caller must not use them.
+#ifndef STRAIT_LIB_COLLECTIVE_ALLREDUCE_H_
+#define STRAIT_LIB_COLLECTIVE_ALLREDUCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collective/plan.h"
+#include "collective/transport.h"
+#include "common/clock.h"
+#include "strait/codec.h"
+#include "strait/status.h"
+#include "strait/types.h"
+
+namespace strait::collective {
+
+inline constexpr size_t kDefaultChunkElements = size_t{1} << 18;
+
+struct AllReduceRequest {
+  // Keys of the error-feedback residuals; also named in errors.
+  std::string job;
+  std::string tensor_key;
+  // Distinguishes this operation's messages from those of any other operation in flight on the
+  // same transport: equal on every rank, different for concurrent operations (e.g. a per-job
+  // step counter combined with the job's index). Only the low 38 bits are used.
+  uint64_t op_id = 0;
+
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  size_t count = 0;
+  // In: this rank's contribution; out: the reduction. count elements of dtype; may be unaligned.
+  void* data = nullptr;
+
+  // The wire codec. Lossy codecs need op sum/avg on float32/bfloat16/float16. For stochastic
+  // rounding, `seed` should identify (job, tensor, step); the algorithm derives per-rank and
+  // per-phase streams from it and sets index_offset to each chunk's position.
+  CodecOptions codec;
+  bool error_feedback = false;
+  // Where the residuals live; required when error_feedback is on and the codec is lossy. Not
+  // shared with other ranks' threads (each gateway has its own store).
+  ErrorFeedbackStore* feedback = nullptr;
+
+  // Per-owner bandwidth estimates (any unit, > 0); empty = equal shards. Same on every rank.
+  std::vector<uint64_t> shard_weights;
+  // Elements per pipelined chunk (rounded up to the codec block size).
+  size_t chunk_elements = kDefaultChunkElements;
+  // Mesh, ring, or automatic from `links` (see plan.h). Same on every rank.
+  Algorithm algorithm = Algorithm::kAuto;
+  std::vector<uint8_t> links;
+
+  // Every wait ends by then. The default is taken when the request is built, not when
+  // AllReduce is called: set it per call.
+  Deadline deadline = Deadline::AfterSeconds(60);
+};
+
+// What an AllReduce did, for metrics and logs.
+struct AllReduceStats {
+  Algorithm algorithm = Algorithm::kMesh;
+  uint64_t bytes_sent = 0;      // frame bytes handed to the transport, self-sends excluded
+  uint64_t bytes_received = 0;  // frame bytes taken from the transport, self-sends excluded
+  uint64_t chunks = 0;          // chunks in the plan
+};
+
+// The PlanOptions AllReduce uses for `request` on a world of `world` ranks (for inspection and
+// tests; AllReduce calls MakePlan(PlanFor(...)) itself).
+PlanOptions PlanFor(const AllReduceRequest& request, int world);
+
+// Runs the all-reduce of `request.data` across every rank of `transport`. Every rank must call
+// it with the same op_id, dtype, op, count, codec, weights, chunk size and algorithm. Blocks
+// until done or the deadline; uses the calling thread and one helper thread. Thread-safe with
+// respect to other AllReduce calls on the same transport when their op_ids differ.
+// Errors: kInvalidArgument for a bad request (names the field); kDeadlineExceeded or the
+// transport's error naming the peer; the codec's error for a corrupt frame (kDataLoss).
+Status AllReduce(Transport& transport, const AllReduceRequest& request,
+                 AllReduceStats* stats = nullptr);
+
+}  // namespace strait::collective
+
+#endif  // STRAIT_LIB_COLLECTIVE_ALLREDUCE_H_

@@ -1,0 +1,228 @@
+// The chunk-level steps of the all-reduce. The fp32 path decodes and accumulates in float; the
+// exact path decodes into the element type and reduces with strait::ReduceInPlace. Every step
+// that encodes derives its stochastic-rounding stream from the request's seed, a salt for who
+// encodes, and the chunk's position, so a chunk's bytes do not depend on timing.
+#include "collective/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "strait/reduce.h"
+
+namespace strait::collective::internal {
+namespace {
+
+// How long one wait on the transport lasts before checking whether the operation was cancelled
+// by a failure on another thread.
+constexpr int64_t kCancelPollNanos = 50'000'000;
+
+uint64_t Mix(uint64_t x) {
+  // splitmix64's finaliser: distinct salts give unrelated seeds.
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Salt 0 is an owner's result; 1 + rank is what that rank encodes of its input or partial sums.
+CodecOptions OptionsFor(const OpContext& ctx, const Chunk& chunk, uint64_t salt) {
+  CodecOptions o = ctx.request->codec;
+  o.seed = Mix(o.seed ^ Mix(salt));
+  o.index_offset = o.index_offset + chunk.begin;
+  return o;
+}
+
+std::string ChunkText(const Chunk& chunk) {
+  return "chunk " + std::to_string(chunk.id) + " (elements " + std::to_string(chunk.begin) + ".." +
+         std::to_string(chunk.begin + chunk.count) + " of shard " + std::to_string(chunk.owner) +
+         ")";
+}
+
+// Codec errors carry the step and chunk, so that a corrupt frame can be traced to its sender.
+Status InChunk(Status status, const char* step, const Chunk& chunk) {
+  if (status.ok()) return status;
+  return status.WithContext(std::string(step) + " " + ChunkText(chunk));
+}
+
+}  // namespace
+
+SendDone SendTracker::Track() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    ++state_->pending;
+  }
+  return [state = state_](Status status) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (!status.ok() && state->first_error.ok()) state->first_error = std::move(status);
+    --state->pending;
+    state->cv.notify_all();
+  };
+}
+
+Status SendTracker::Wait(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  while (state_->pending > 0 && !deadline.Expired()) {
+    const int64_t wait_ns = std::min<int64_t>(deadline.RemainingNanos(), 1'000'000'000);
+    state_->cv.wait_for(lock, std::chrono::nanoseconds(wait_ns));
+  }
+  if (!state_->first_error.ok()) return state_->first_error;
+  if (state_->pending > 0) {
+    return DeadlineExceededError(std::to_string(state_->pending) +
+                                 " sends were not delivered before the deadline");
+  }
+  return Status::Ok();
+}
+
+void OpContext::Fail(Status status) {
+  if (status.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A kCancelled status is only the echo of another thread's failure: keep the cause.
+    if (first_error_.ok() || (first_error_.code() == StatusCode::kCancelled &&
+                              status.code() != StatusCode::kCancelled)) {
+      first_error_ = std::move(status);
+    }
+  }
+  cancelled_.store(true, std::memory_order_release);
+}
+
+Status OpContext::first_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_error_;
+}
+
+void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> frame) {
+  if (peer != ctx.rank) ctx.bytes_sent.fetch_add(frame.size(), std::memory_order_relaxed);
+  ctx.transport->Send(peer, tag, std::move(frame), ctx.request->deadline, ctx.sends.Track());
+}
+
+Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
+                 std::vector<uint8_t>* out) {
+  const Deadline deadline = ctx.request->deadline;
+  while (true) {
+    if (ctx.cancelled()) return CancelledError("stopped: the all-reduce failed elsewhere");
+    const int64_t slice = std::min<int64_t>(deadline.RemainingNanos(), kCancelPollNanos);
+    const bool last_slice = slice >= deadline.RemainingNanos();
+    Status s = ctx.transport->Recv(peer, tag, Deadline::After(slice), out);
+    if (s.ok()) {
+      if (peer != ctx.rank) ctx.bytes_received.fetch_add(out->size(), std::memory_order_relaxed);
+      return s;
+    }
+    if (s.code() == StatusCode::kDeadlineExceeded && !last_slice && !deadline.Expired()) {
+      continue;
+    }
+    return s.WithContext(std::string(phase) + ": waiting for " + ctx.transport->PeerName(peer) +
+                         "'s frame of " + ChunkText(chunk));
+  }
+}
+
+Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, std::vector<uint8_t>* out) {
+  const CodecOptions o = OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank));
+  const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
+  const DataType dtype = ctx.request->dtype;
+  if (!ctx.send_residual.empty()) {
+    return InChunk(w.encoder.EncodeWithFeedback(src, chunk.count, dtype, o,
+                                                ctx.send_residual.data() + chunk.begin, out),
+                   "encoding input", chunk);
+  }
+  return InChunk(w.encoder.Encode(src, chunk.count, dtype, o, out), "encoding input", chunk);
+}
+
+Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame,
+                       const Chunk& chunk, bool first, float* facc, uint8_t* tacc) {
+  DecodeExpectations expect;
+  expect.codec = ctx.request->codec.codec;
+  expect.element_count = chunk.count;
+  if (ctx.float_path) {
+    // Partial sums of the ring travel as fp32 frames, inputs in the element type; both decode
+    // into the fp32 accumulator.
+    if (first) std::fill(facc, facc + chunk.count, 0.0f);
+    return InChunk(w.decoder.DecodeAccumulate(frame, facc, chunk.count, expect), "accumulating",
+                   chunk);
+  }
+  expect.dtype = ctx.request->dtype;
+  if (first) {
+    return InChunk(w.decoder.Decode(frame, tacc, chunk.count, ctx.request->dtype, expect),
+                   "accumulating", chunk);
+  }
+  w.bytes.resize(chunk.count * ctx.elem);
+  STRAIT_RETURN_IF_ERROR(
+      InChunk(w.decoder.Decode(frame, w.bytes.data(), chunk.count, ctx.request->dtype, expect),
+              "accumulating", chunk));
+  return ReduceInPlace(ctx.request->dtype, ctx.exact_op, w.bytes.data(), tacc, chunk.count);
+}
+
+Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc) {
+  const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
+  if (ctx.float_path) {
+    w.floats.resize(chunk.count);
+    STRAIT_RETURN_IF_ERROR(ConvertToFloat(src, ctx.request->dtype, w.floats.data(), chunk.count));
+    for (size_t i = 0; i < chunk.count; ++i) facc[i] += w.floats[i];
+    return Status::Ok();
+  }
+  return ReduceInPlace(ctx.request->dtype, ctx.exact_op, src, tacc, chunk.count);
+}
+
+Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, const float* facc,
+                     const uint8_t* tacc, std::vector<uint8_t>* out) {
+  const CodecOptions o = OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank));
+  if (!ctx.float_path) {
+    return InChunk(w.encoder.Encode(tacc, chunk.count, ctx.request->dtype, o, out),
+                   "encoding partial", chunk);
+  }
+  if (!ctx.send_residual.empty()) {
+    return InChunk(w.encoder.EncodeWithFeedback(facc, chunk.count, DataType::kFloat32, o,
+                                                ctx.send_residual.data() + chunk.begin, out),
+                   "encoding partial", chunk);
+  }
+  return InChunk(w.encoder.Encode(facc, chunk.count, DataType::kFloat32, o, out),
+                 "encoding partial", chunk);
+}
+
+Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
+                    std::vector<uint8_t>* out) {
+  const AllReduceRequest& r = *ctx.request;
+  const CodecOptions o = OptionsFor(ctx, chunk, 0);
+  if (!ctx.float_path) {
+    if (r.op == ReduceOp::kAvg) {
+      STRAIT_RETURN_IF_ERROR(
+          DivideInPlace(r.dtype, tacc, chunk.count, static_cast<uint64_t>(ctx.world)));
+    }
+    return InChunk(w.encoder.Encode(tacc, chunk.count, r.dtype, o, out), "encoding result", chunk);
+  }
+  if (r.op == ReduceOp::kAvg) {
+    const float n = static_cast<float>(ctx.world);
+    for (size_t i = 0; i < chunk.count; ++i) facc[i] = facc[i] / n;
+  }
+  if (ctx.lossy) {
+    // The result is quantized from fp32: rounding to a 16-bit type first would add a second
+    // error for nothing (the frame's size depends only on the element count).
+    if (!ctx.own_residual.empty()) {
+      return InChunk(w.encoder.EncodeWithFeedback(facc, chunk.count, DataType::kFloat32, o,
+                                                  ctx.own_residual.data() + chunk.begin, out),
+                     "encoding result", chunk);
+    }
+    return InChunk(w.encoder.Encode(facc, chunk.count, DataType::kFloat32, o, out),
+                   "encoding result", chunk);
+  }
+  if (r.dtype == DataType::kFloat32) {
+    return InChunk(w.encoder.Encode(facc, chunk.count, r.dtype, o, out), "encoding result", chunk);
+  }
+  w.bytes.resize(chunk.count * ctx.elem);
+  STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc, w.bytes.data(), r.dtype, chunk.count));
+  return InChunk(w.encoder.Encode(w.bytes.data(), chunk.count, r.dtype, o, out), "encoding result",
+                 chunk);
+}
+
+Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, const Chunk& chunk) {
+  DecodeExpectations expect;
+  expect.codec = ctx.request->codec.codec;
+  expect.element_count = chunk.count;
+  expect.dtype = ctx.lossy ? DataType::kFloat32 : ctx.request->dtype;
+  return InChunk(w.decoder.Decode(frame, ctx.data + chunk.begin * ctx.elem, chunk.count,
+                                  ctx.request->dtype, expect),
+                 "decoding result", chunk);
+}
+
+}  // namespace strait::collective::internal

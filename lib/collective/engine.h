@@ -1,0 +1,104 @@
+// Internal to strait::collective: what the mesh and ring algorithms share. The per-operation
+// context (request, plan, residuals, first error, send accounting), per-thread codec state, and
+// the chunk-level steps: encode an input, accumulate a frame, add this rank's own input, encode a
+// partial or a final result, decode a result into the caller's buffer.
+#ifndef STRAIT_LIB_COLLECTIVE_ENGINE_H_
+#define STRAIT_LIB_COLLECTIVE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "collective/allreduce.h"
+#include "collective/plan.h"
+#include "collective/transport.h"
+#include "strait/codec.h"
+
+namespace strait::collective::internal {
+
+// Counts sends in flight and keeps the first failure. Shared with the completion callbacks,
+// which may run after the operation returned (on a transport's I/O thread).
+class SendTracker {
+ public:
+  SendDone Track();
+  // Waits until every tracked send completed or the deadline passed.
+  Status Wait(Deadline deadline);
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t pending = 0;
+    Status first_error;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+struct OpContext {
+  const AllReduceRequest* request = nullptr;
+  Transport* transport = nullptr;
+  Plan plan;
+  int rank = 0;
+  int world = 1;
+  size_t elem = 4;          // bytes per element of request->dtype
+  uint8_t* data = nullptr;  // request->data
+  bool float_path = false;  // sum/avg of a float type: fp32 accumulation
+  bool lossy = false;
+  ReduceOp exact_op = ReduceOp::kSum;  // the op of the exact path (avg reduces as sum)
+  std::span<float> send_residual;      // empty: no error feedback
+  std::span<float> own_residual;
+  SendTracker sends;
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_received{0};
+
+  // Records the first failure and tells every thread of the operation to stop.
+  void Fail(Status status);
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  Status first_error() const;
+
+ private:
+  mutable std::mutex mu_;
+  Status first_error_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// One thread's codec state and scratch buffers.
+struct Worker {
+  Encoder encoder;
+  Decoder decoder;
+  std::vector<float> floats;
+  std::vector<uint8_t> bytes;
+};
+
+// Sends `frame` to `peer` under `tag`, counted by ctx.sends.
+void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> frame);
+// Receives the frame from `peer` under `tag`, waiting until the deadline or until the operation
+// fails elsewhere (kCancelled). Errors say which phase and chunk was awaited.
+Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
+                 std::vector<uint8_t>* out);
+
+// This rank's input for `chunk` as a frame of the request's dtype (sender residual applied).
+Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, std::vector<uint8_t>* out);
+// acc (fp32 path: `facc`, chunk.count floats; exact path: `tacc`, chunk.count elements) =
+// decoded frame when `first`, else acc op= decoded frame.
+Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame,
+                       const Chunk& chunk, bool first, float* facc, uint8_t* tacc);
+// acc op= this rank's input for `chunk` (exactly; the ring's middle hops).
+Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc);
+// A ring partial sum as a frame: fp32 (lossy codec with the sender residual, or lossless) on the
+// fp32 path, the element type on the exact path.
+Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, const float* facc,
+                     const uint8_t* tacc, std::vector<uint8_t>* out);
+// The owner's final frame for `chunk` (avg divided here; owner residual applied). Modifies acc.
+Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
+                    std::vector<uint8_t>* out);
+// Decodes a final frame into the caller's buffer at the chunk's place.
+Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, const Chunk& chunk);
+
+}  // namespace strait::collective::internal
+
+#endif  // STRAIT_LIB_COLLECTIVE_ENGINE_H_

@@ -1,0 +1,74 @@
+// The seam between the collective algorithms and whatever carries their bytes.
+//
+// A Transport connects `size()` ranks, numbered 0..size()-1; this object is rank `rank()`. It
+// moves whole byte messages labelled with a 64-bit tag: Send is asynchronous and reports its
+// completion through a callback; Recv blocks until the message with that (peer, tag) is there or
+// the deadline passes. Messages that arrive before their Recv is posted are buffered, so the
+// algorithms can post receives in any order. Two messages with the same (peer, tag) are received
+// in the order they were sent. A rank may send to itself.
+//
+// Implementations: LocalWorld (local_transport.h; N ranks as threads in one process, for tests)
+// and NetTransport (net_transport.h; over strait::net links between region gateways).
+//
+// Tags: the algorithms build them with MakeTag() from the operation's id (which the caller makes
+// unique per concurrent operation and equal on every rank), a phase and a chunk number.
+#ifndef STRAIT_LIB_COLLECTIVE_TRANSPORT_H_
+#define STRAIT_LIB_COLLECTIVE_TRANSPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "strait/status.h"
+
+namespace strait::collective {
+
+// Runs exactly once per Send, with OK once the message was delivered (NetTransport: acknowledged
+// by the peer) or an error naming the peer. May run on any thread, including inside Send itself;
+// it must not block.
+using SendDone = std::function<void(Status)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // A name for `peer` in error messages, e.g. "rank 2" or "rank 2 (eu-west)".
+  virtual std::string PeerName(int peer) const;
+
+  // Queues `bytes` for `peer` (which may be this rank) under `tag`; takes ownership of the bytes.
+  // `done` runs exactly once (see SendDone). Thread-safe; never blocks.
+  virtual void Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Deadline deadline,
+                    SendDone done) = 0;
+
+  // Blocks until the message from `peer` with `tag` is there and moves it into `*out`. Errors:
+  // kDeadlineExceeded naming the peer and the tag when the deadline passes first; the peer's
+  // failure (e.g. kUnavailable when its link died, kDataLoss for a malformed message) when the
+  // transport knows the peer is gone; kInvalidArgument for a peer out of range. Thread-safe:
+  // several threads may wait at once (on different tags).
+  virtual Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) = 0;
+};
+
+// Tag layout: [63..26] operation id (low 38 bits), [25..24] phase, [23..0] chunk number.
+inline constexpr int kTagChunkBits = 24;
+inline constexpr uint32_t kMaxTagChunks = uint32_t{1} << kTagChunkBits;
+
+enum class TagPhase : uint8_t {
+  kMeshScatter = 0,  // a rank's encoded part of a shard, to the shard's owner
+  kMeshGather = 1,   // the owner's encoded result, to every rank
+  kRingScatter = 2,  // a ring partial sum, to the next rank
+  kRingGather = 3,   // a finished ring segment, forwarded to the next rank
+};
+
+constexpr uint64_t MakeTag(uint64_t op_id, TagPhase phase, uint32_t chunk) noexcept {
+  return (op_id << (kTagChunkBits + 2)) | (static_cast<uint64_t>(phase) << kTagChunkBits) |
+         (chunk & (kMaxTagChunks - 1));
+}
+
+}  // namespace strait::collective
+
+#endif  // STRAIT_LIB_COLLECTIVE_TRANSPORT_H_
