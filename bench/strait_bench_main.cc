@@ -11,6 +11,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/codec_bench.h"
+#include "bench/link_bench.h"
 #include "common/log.h"
 
 namespace {
@@ -25,6 +26,8 @@ struct Command {
 constexpr Command kCommands[] = {
     {"codec", "Codec speed, ratio and error on gradient-like data, against memcpy",
      &strait::bench::SetupCodecCommand},
+    {"link", "WAN link goodput per stream count, RTT, retransmissions, codecs on the link",
+     &strait::bench::SetupLinkCommand},
 };
 
 }  // namespace
