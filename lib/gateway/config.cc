@@ -1,0 +1,576 @@
+// Loading and validating the straitd TOML config (see config.h for the format).
+//
+// Validation walks the document table by table with a Reader that remembers which keys it
+// consumed; whatever is left over is an unknown key. The first problem found becomes the one
+// error returned, so the operator fixes one clear thing at a time.
+#include "gateway/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "common/units.h"
+
+namespace strait::gateway {
+namespace {
+
+const char* TypeName(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+std::string Join(const std::string& prefix, std::string_view key) {
+  return prefix.empty() ? std::string(key) : prefix + "." + std::string(key);
+}
+
+// Walks one table. Every accessor returns the first error it meets, formatted with the file,
+// the node's position and its key path.
+class Reader {
+ public:
+  Reader(const toml::table& table, std::string path, const std::string& file)
+      : table_(table), path_(std::move(path)), file_(file) {}
+
+  Status Error(const toml::source_region& where, const std::string& key_path,
+               const std::string& problem) const {
+    std::ostringstream os;
+    os << file_;
+    // The root table has no position of its own.
+    if (where.begin.line > 0) os << ":" << where.begin.line << ":" << where.begin.column;
+    os << ": " << key_path << ": " << problem;
+    return InvalidArgumentError(os.str());
+  }
+  Status ErrorAtTable(const std::string& problem) const {
+    return Error(table_.source(), path_.empty() ? "(top level)" : path_, problem);
+  }
+
+  const toml::node* Get(std::string_view key) {
+    used_.insert(std::string(key));
+    return table_.get(key);
+  }
+  std::string PathOf(std::string_view key) const { return Join(path_, key); }
+
+  // Each Read* leaves *out untouched when the key is absent and `required` is false.
+  Status ReadString(std::string_view key, bool required, std::string* out) {
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Missing(key, required, "a string");
+    if (!n->is_string()) return WrongType(*n, key, "a string");
+    *out = n->as_string()->get();
+    return Status::Ok();
+  }
+  Status ReadBool(std::string_view key, bool* out) {
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Status::Ok();
+    if (!n->is_boolean()) return WrongType(*n, key, "true or false");
+    *out = n->as_boolean()->get();
+    return Status::Ok();
+  }
+  Status ReadInt(std::string_view key, bool required, int64_t lo, int64_t hi, int64_t* out) {
+    std::ostringstream allowed;
+    allowed << "an integer in [" << lo << ", " << hi << "]";
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Missing(key, required, allowed.str());
+    if (!n->is_integer()) return WrongType(*n, key, allowed.str());
+    const int64_t v = n->as_integer()->get();
+    if (v < lo || v > hi) {
+      return Error(n->source(), PathOf(key),
+                   "found " + std::to_string(v) + "; allowed: " + allowed.str());
+    }
+    *out = v;
+    return Status::Ok();
+  }
+  Status ReadDouble(std::string_view key, double lo, double hi, double* out) {
+    std::ostringstream allowed;
+    allowed << "a number in (" << lo << ", " << hi << "]";
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Status::Ok();
+    double v = 0;
+    if (n->is_floating_point()) {
+      v = n->as_floating_point()->get();
+    } else if (n->is_integer()) {
+      v = static_cast<double>(n->as_integer()->get());
+    } else {
+      return WrongType(*n, key, allowed.str());
+    }
+    if (!(v > lo && v <= hi)) {
+      std::ostringstream found;
+      found << "found " << v << "; allowed: " << allowed.str();
+      return Error(n->source(), PathOf(key), found.str());
+    }
+    *out = v;
+    return Status::Ok();
+  }
+  // A duration string ("30s", "250ms") that must be positive.
+  Status ReadDuration(std::string_view key, int64_t* out) {
+    const char* allowed = "a positive duration string such as \"250ms\", \"30s\", \"2m\"";
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Status::Ok();
+    if (!n->is_string()) return WrongType(*n, key, allowed);
+    auto v = ParseDurationNanos(n->as_string()->get());
+    if (!v.ok() || *v <= 0) {
+      return Error(n->source(), PathOf(key),
+                   "found \"" + n->as_string()->get() + "\"; allowed: " + allowed);
+    }
+    *out = *v;
+    return Status::Ok();
+  }
+  // A size: an integer number of bytes or a string such as "64KiB".
+  Status ReadSize(std::string_view key, uint64_t* out) {
+    const char* allowed = "a byte count (integer >= 0) or a size string such as \"64KiB\"";
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Status::Ok();
+    if (n->is_integer()) {
+      if (n->as_integer()->get() < 0) {
+        return Error(n->source(), PathOf(key),
+                     "found " + std::to_string(n->as_integer()->get()) + "; allowed: " + allowed);
+      }
+      *out = static_cast<uint64_t>(n->as_integer()->get());
+      return Status::Ok();
+    }
+    if (!n->is_string()) return WrongType(*n, key, allowed);
+    auto v = ParseSize(n->as_string()->get());
+    if (!v.ok()) {
+      return Error(n->source(), PathOf(key),
+                   "found \"" + n->as_string()->get() + "\"; allowed: " + allowed);
+    }
+    *out = *v;
+    return Status::Ok();
+  }
+  Status ReadIdList(std::string_view key, std::vector<uint32_t>* out) {
+    const char* allowed = "an array of integer ids in [0, 4294967294]";
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Status::Ok();
+    if (!n->is_array()) return WrongType(*n, key, allowed);
+    const toml::array& a = *n->as_array();
+    for (size_t i = 0; i < a.size(); ++i) {
+      const toml::node& e = a[i];
+      const std::string p = PathOf(key) + "[" + std::to_string(i) + "]";
+      if (!e.is_integer()) {
+        return Error(e.source(), p, std::string("found ") + TypeName(e.type()) +
+                                        "; allowed: " + allowed);
+      }
+      const int64_t v = e.as_integer()->get();
+      if (v < 0 || v >= int64_t{UINT32_MAX}) {
+        return Error(e.source(), p, "found " + std::to_string(v) + "; allowed: " + allowed);
+      }
+      out->push_back(static_cast<uint32_t>(v));
+    }
+    return Status::Ok();
+  }
+  // A sub-table; *out is null when absent.
+  Status ReadTable(std::string_view key, bool required, const toml::table** out) {
+    *out = nullptr;
+    const toml::node* n = Get(key);
+    if (n == nullptr) return Missing(key, required, "a table [" + PathOf(key) + "]");
+    if (!n->is_table()) return WrongType(*n, key, "a table [" + PathOf(key) + "]");
+    *out = n->as_table();
+    return Status::Ok();
+  }
+
+  // The first key that no accessor asked for, as an error listing the known ones.
+  Status CheckNoUnknownKeys(const std::vector<std::string_view>& known) const {
+    for (auto&& [k, v] : table_) {
+      if (used_.count(std::string(k.str())) != 0) continue;
+      std::string list;
+      for (std::string_view name : known) {
+        if (!list.empty()) list += ", ";
+        list += std::string(name);
+      }
+      return Error(k.source(), PathOf(k.str()), "unknown key; allowed keys here: " + list);
+    }
+    return Status::Ok();
+  }
+
+  const toml::table& table() const { return table_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Status Missing(std::string_view key, bool required, const std::string& allowed) const {
+    if (!required) return Status::Ok();
+    return ErrorAtTable("missing required key `" + std::string(key) + "`; expected " + allowed);
+  }
+  Status WrongType(const toml::node& n, std::string_view key, const std::string& allowed) const {
+    return Error(n.source(), PathOf(key),
+                 std::string("found ") + TypeName(n.type()) + "; allowed: " + allowed);
+  }
+
+  const toml::table& table_;
+  std::string path_;
+  const std::string& file_;
+  std::set<std::string> used_;
+};
+
+// Region names as net::Endpoint accepts them: they end up in certificate URIs.
+bool ValidRegionName(std::string_view name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+                    (c >= 'A' && c <= 'Z') || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+constexpr const char* kRegionAllowed =
+    "1-63 characters from letters, digits, '-', '_' and '.'";
+
+std::string ResolvePath(const std::string& file, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const size_t slash = file.rfind('/');
+  if (slash == std::string::npos) return path;
+  return file.substr(0, slash + 1) + path;
+}
+
+Status ReadTopLevel(Reader& top, GatewayConfig* c) {
+  STRAIT_RETURN_IF_ERROR(top.ReadString("region", true, &c->region));
+  if (!ValidRegionName(c->region)) {
+    return top.Error(top.Get("region")->source(), "region",
+                     "found \"" + c->region + "\"; allowed: " + kRegionAllowed);
+  }
+  int64_t shard = 0;
+  STRAIT_RETURN_IF_ERROR(top.ReadInt("shard_index", true, 0, 4095, &shard));
+  c->shard_index = static_cast<int>(shard);
+  return Status::Ok();
+}
+
+Status ReadLocal(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("local", true, &t));
+  Reader r(*t, "local", file);
+  STRAIT_RETURN_IF_ERROR(r.ReadString("socket", true, &c->local_socket));
+  // sockaddr_un::sun_path holds 108 bytes including the terminator.
+  if (c->local_socket.empty() || c->local_socket.size() > 107) {
+    return r.Error(r.Get("socket")->source(), "local.socket",
+                   "found a path of " + std::to_string(c->local_socket.size()) +
+                       " bytes; allowed: a path of 1-107 bytes (the Unix socket limit)");
+  }
+  STRAIT_RETURN_IF_ERROR(r.ReadIdList("allowed_uids", &c->allowed_uids));
+  STRAIT_RETURN_IF_ERROR(r.ReadIdList("allowed_gids", &c->allowed_gids));
+  if (c->allowed_uids.empty() && c->allowed_gids.empty()) {
+    return r.ErrorAtTable(
+        "neither allowed_uids nor allowed_gids lists anyone, so no rank could connect; "
+        "allowed: at least one uid or gid");
+  }
+  return r.CheckNoUnknownKeys({"socket", "allowed_uids", "allowed_gids"});
+}
+
+Status ReadWanAndTls(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("wan", true, &t));
+  Reader r(*t, "wan", file);
+  std::string listen;
+  STRAIT_RETURN_IF_ERROR(r.ReadString("listen", true, &listen));
+  auto hp = ParseHostPort(listen);
+  if (!hp.ok()) {
+    return r.Error(r.Get("listen")->source(), "wan.listen",
+                   "found \"" + listen + "\"; " + hp.status().message());
+  }
+  c->wan_listen = *hp;
+  std::string transport = "tls";
+  STRAIT_RETURN_IF_ERROR(r.ReadString("transport", false, &transport));
+  if (transport == "tls") {
+    c->transport = net::Transport::kTls;
+  } else if (transport == "plain") {
+    c->transport = net::Transport::kPlainTcp;
+  } else {
+    return r.Error(r.Get("transport")->source(), "wan.transport",
+                   "found \"" + transport + "\"; allowed: \"tls\" or \"plain\"");
+  }
+  STRAIT_RETURN_IF_ERROR(r.CheckNoUnknownKeys({"listen", "transport"}));
+
+  const toml::table* tls = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("tls", false, &tls));
+  if (c->transport == net::Transport::kPlainTcp) {
+    if (tls != nullptr) {
+      return top.Error(tls->source(), "tls",
+                       "a [tls] table was given but wan.transport = \"plain\"; allowed: remove "
+                       "[tls], or set wan.transport = \"tls\"");
+    }
+    return Status::Ok();
+  }
+  if (tls == nullptr) {
+    return top.ErrorAtTable(
+        "missing table [tls] (ca, cert, key) required by wan.transport = \"tls\" (the default); "
+        "allowed: a [tls] table, or wan.transport = \"plain\" for trusted test networks");
+  }
+  Reader rt(*tls, "tls", file);
+  STRAIT_RETURN_IF_ERROR(rt.ReadString("ca", true, &c->tls_ca));
+  STRAIT_RETURN_IF_ERROR(rt.ReadString("cert", true, &c->tls_cert));
+  STRAIT_RETURN_IF_ERROR(rt.ReadString("key", true, &c->tls_key));
+  c->tls_ca = ResolvePath(file, c->tls_ca);
+  c->tls_cert = ResolvePath(file, c->tls_cert);
+  c->tls_key = ResolvePath(file, c->tls_key);
+  return rt.CheckNoUnknownKeys({"ca", "cert", "key"});
+}
+
+Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("peers", true, &t));
+  Reader peers(*t, "peers", file);
+  for (auto&& [region_key, node] : *t) {
+    const std::string region(region_key.str());
+    const std::string path = "peers." + region;
+    if (!ValidRegionName(region)) {
+      return peers.Error(region_key.source(), path,
+                         "invalid region name; allowed: " + std::string(kRegionAllowed));
+    }
+    if (region == c->region) {
+      return peers.Error(region_key.source(), path,
+                         "this gateway's own region is listed as a peer; allowed: other regions");
+    }
+    if (!node.is_table()) {
+      return peers.Error(node.source(), path,
+                         std::string("found ") + TypeName(node.type()) +
+                             "; allowed: a table of shard_<index> = \"host:port\"");
+    }
+    std::map<int, HostPort>& shards = c->peers[region];
+    for (auto&& [shard_key, addr] : *node.as_table()) {
+      const std::string key(shard_key.str());
+      const std::string kpath = path + "." + key;
+      int index = -1;
+      if (key.rfind("shard_", 0) == 0 && key.size() > 6 && key.size() <= 10 &&
+          std::all_of(key.begin() + 6, key.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        index = std::stoi(key.substr(6));
+      }
+      if (index < 0 || index > 4095) {
+        return peers.Error(shard_key.source(), kpath,
+                           "unknown key; allowed: shard_<index> with index in [0, 4095]");
+      }
+      if (!addr.is_string()) {
+        return peers.Error(addr.source(), kpath,
+                           std::string("found ") + TypeName(addr.type()) +
+                               "; allowed: a string \"host:port\"");
+      }
+      auto hp = ParseHostPort(addr.as_string()->get());
+      if (!hp.ok()) {
+        return peers.Error(addr.source(), kpath,
+                           "found \"" + addr.as_string()->get() + "\"; " + hp.status().message());
+      }
+      shards[index] = *hp;
+    }
+    if (shards.count(c->shard_index) == 0) {
+      return peers.Error(node.source(), path + ".shard_" + std::to_string(c->shard_index),
+                         "missing: this gateway has shard_index = " +
+                             std::to_string(c->shard_index) +
+                             " and runs all-reduces with that shard of every peer region; "
+                             "allowed: add shard_" + std::to_string(c->shard_index) +
+                             " = \"host:port\"");
+    }
+  }
+  if (c->peers.empty()) {
+    return peers.ErrorAtTable(
+        "no peer regions; allowed: at least one [peers.<region>] table with shard addresses");
+  }
+  return Status::Ok();
+}
+
+Status ReadLink(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("link", false, &t));
+  if (t == nullptr) return Status::Ok();
+  Reader r(*t, "link", file);
+  int64_t streams = c->link.streams;
+  STRAIT_RETURN_IF_ERROR(r.ReadInt("streams", false, 1, 64, &streams));
+  c->link.streams = static_cast<int>(streams);
+  if (c->link.streams > c->link.max_streams) c->link.max_streams = c->link.streams;
+  STRAIT_RETURN_IF_ERROR(r.ReadBool("adapt_streams", &c->link.adapt_streams));
+  STRAIT_RETURN_IF_ERROR(r.ReadString("congestion_control", false, &c->link.congestion_control));
+  if (const toml::node* n = r.Get("congestion_control"); n != nullptr) {
+    const std::string& cc = c->link.congestion_control;
+    const bool ok = !cc.empty() && cc.size() < 16 &&
+                    std::all_of(cc.begin(), cc.end(), [](char ch) {
+                      return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+                    });
+    if (!ok) {
+      return r.Error(n->source(), "link.congestion_control",
+                     "found \"" + cc + "\"; allowed: a kernel algorithm name such as \"bbr\", "
+                     "\"cubic\", \"reno\"");
+    }
+  }
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("handshake_timeout", &c->link.handshake_timeout_ns));
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("unreachable_after", &c->link.unreachable_after_ns));
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("stream_timeout", &c->link.stream_timeout_ns));
+  return r.CheckNoUnknownKeys({"streams", "adapt_streams", "congestion_control",
+                               "handshake_timeout", "unreachable_after", "stream_timeout"});
+}
+
+Status ReadPolicy(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("policy", false, &t));
+  if (t == nullptr) return Status::Ok();
+  Reader r(*t, "policy", file);
+  PolicyLimits& p = c->policy;
+  const char* codec_choices = "\"auto\", \"none\", \"zstd\", \"int8\", \"int4\", \"fp8\"";
+  std::string codec = p.default_codec;
+  STRAIT_RETURN_IF_ERROR(r.ReadString("codec", false, &codec));
+  if (codec != "auto" && !ParseCodecId(codec).has_value()) {
+    return r.Error(r.Get("codec")->source(), "policy.codec",
+                   "found \"" + codec + "\"; allowed: " + codec_choices);
+  }
+  p.default_codec = codec;
+  STRAIT_RETURN_IF_ERROR(r.ReadBool("error_feedback", &p.default_error_feedback));
+  STRAIT_RETURN_IF_ERROR(r.ReadSize("min_lossy_bytes", &p.min_lossy_bytes));
+  STRAIT_RETURN_IF_ERROR(r.ReadDouble("max_relative_error", 0.0, 1.0, &p.max_relative_error));
+  if (const toml::node* n = r.Get("allowed_codecs"); n != nullptr) {
+    const char* allowed = "an array of codec names from \"none\", \"zstd\", \"int8\", \"int4\", "
+                          "\"fp8\" with at least one lossless codec (none or zstd)";
+    if (!n->is_array()) {
+      return r.Error(n->source(), "policy.allowed_codecs",
+                     std::string("found ") + TypeName(n->type()) + "; allowed: " + allowed);
+    }
+    p.allowed_codecs.clear();
+    const toml::array& a = *n->as_array();
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string path = "policy.allowed_codecs[" + std::to_string(i) + "]";
+      if (!a[i].is_string()) {
+        return r.Error(a[i].source(), path,
+                       std::string("found ") + TypeName(a[i].type()) + "; allowed: " + allowed);
+      }
+      auto id = ParseCodecId(a[i].as_string()->get());
+      if (!id.has_value()) {
+        return r.Error(a[i].source(), path,
+                       "found \"" + a[i].as_string()->get() + "\"; allowed: " + allowed);
+      }
+      if (std::find(p.allowed_codecs.begin(), p.allowed_codecs.end(), *id) ==
+          p.allowed_codecs.end()) {
+        p.allowed_codecs.push_back(*id);
+      }
+    }
+    const bool lossless = std::any_of(p.allowed_codecs.begin(), p.allowed_codecs.end(),
+                                      [](CodecId id) { return !IsLossyCodec(id); });
+    if (!lossless) {
+      return r.Error(n->source(), "policy.allowed_codecs",
+                     "no lossless codec listed, so integer and max/min tensors could not be "
+                     "sent; allowed: " + std::string(allowed));
+    }
+  }
+  return r.CheckNoUnknownKeys({"codec", "error_feedback", "min_lossy_bytes",
+                               "max_relative_error", "allowed_codecs"});
+}
+
+Status ReadAllReduce(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("allreduce", false, &t));
+  if (t == nullptr) return Status::Ok();
+  Reader r(*t, "allreduce", file);
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("deadline", &c->allreduce_deadline_ns));
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("shutdown_grace", &c->shutdown_grace_ns));
+  return r.CheckNoUnknownKeys({"deadline", "shutdown_grace"});
+}
+
+}  // namespace
+
+std::string HostPort::ToString() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+StatusOr<HostPort> ParseHostPort(std::string_view text) {
+  const std::string allowed =
+      "allowed: \"<numeric IPv4>:<port>\" or \"[<numeric IPv6>]:<port>\", port 1-65535";
+  HostPort hp;
+  std::string_view port;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return InvalidArgumentError(allowed);
+    }
+    hp.host = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos || text.find(':') != colon) {
+      return InvalidArgumentError(allowed);
+    }
+    hp.host = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+  }
+  const bool host_ok = !hp.host.empty() && std::all_of(hp.host.begin(), hp.host.end(), [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == ':' || (c >= 'a' && c <= 'f') ||
+           (c >= 'A' && c <= 'F');
+  });
+  if (!host_ok || port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return InvalidArgumentError(allowed);
+  }
+  const int p = std::stoi(std::string(port));
+  if (p < 1 || p > 65535) return InvalidArgumentError(allowed);
+  hp.port = static_cast<uint16_t>(p);
+  return hp;
+}
+
+std::vector<std::string> GatewayConfig::WorldRegions() const {
+  std::vector<std::string> regions{region};
+  for (const auto& [name, shards] : peers) regions.push_back(name);
+  std::sort(regions.begin(), regions.end());
+  return regions;
+}
+
+std::string GatewayConfig::Summary() const {
+  std::ostringstream os;
+  os << "region " << region << " shard " << shard_index << ", world [";
+  const auto world = WorldRegions();
+  for (size_t i = 0; i < world.size(); ++i) os << (i ? ", " : "") << world[i];
+  os << "], wan " << wan_listen.ToString() << " ("
+     << (transport == net::Transport::kTls ? "tls" : "plain") << "), socket " << local_socket
+     << ", policy " << policy.default_codec << (policy.default_error_feedback ? "+ef" : "")
+     << " allowed [";
+  for (size_t i = 0; i < policy.allowed_codecs.size(); ++i) {
+    os << (i ? "," : "") << CodecName(policy.allowed_codecs[i]);
+  }
+  os << "]";
+  return os.str();
+}
+
+StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& file) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << file << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": TOML syntax error: " << e.description();
+    return InvalidArgumentError(os.str());
+  }
+  GatewayConfig c;
+  c.file = file;
+  Reader top(doc, "", file);
+  STRAIT_RETURN_IF_ERROR(ReadTopLevel(top, &c));
+  STRAIT_RETURN_IF_ERROR(ReadLocal(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadWanAndTls(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadPeers(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadLink(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadPolicy(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadAllReduce(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(top.CheckNoUnknownKeys({"region", "shard_index", "local", "wan", "tls",
+                                                 "peers", "link", "policy", "allreduce"}));
+  return c;
+}
+
+StatusOr<GatewayConfig> LoadConfig(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    std::string why = std::strerror(err);
+    if (err == EACCES) return PermissionDeniedError("cannot read config " + file + ": " + why);
+    return NotFoundError("cannot read config " + file + ": " + why);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), file);
+}
+
+}  // namespace strait::gateway

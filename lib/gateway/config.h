@@ -1,0 +1,109 @@
+// The straitd configuration file: one TOML file per gateway, loaded and validated in one pass.
+//
+//   region = "us-east"            # this gateway's region (matches its certificate under TLS)
+//   shard_index = 0               # which gateway of the region this is; peers use the same index
+//   [local]                       # the Unix-domain socket the ranks on this node talk to
+//   socket = "/run/strait/straitd.sock"
+//   allowed_uids = [1000]         # peer credentials (SO_PEERCRED) accepted: uid OR gid listed
+//   allowed_gids = [1000]
+//   [wan]
+//   listen = "0.0.0.0:7400"       # numeric address:port ("[::]:7400" for IPv6)
+//   transport = "tls"             # or "plain" (no encryption: trusted test networks only)
+//   [tls]                         # required with transport = "tls", refused with "plain"
+//   ca = "ca.pem"                 # relative paths are relative to the config file
+//   cert = "gw.pem"
+//   key = "gw.key"
+//   [peers.eu-west]               # region -> its gateways' WAN addresses by shard index
+//   shard_0 = "10.1.0.7:7400"
+//   [link]                        # optional; see net::LinkOptions
+//   streams = 4
+//   congestion_control = "bbr"
+//   handshake_timeout = "5s"
+//   unreachable_after = "30s"
+//   stream_timeout = "10s"
+//   [policy]                      # job compression: defaults and the operator's limits
+//   codec = "auto"                # auto, none, zstd, int8, int4, fp8 (the default for jobs)
+//   error_feedback = true
+//   min_lossy_bytes = "64KiB"     # smaller tensors are never sent lossy
+//   max_relative_error = 0.01     # lossy codecs whose worst-case error exceeds this are refused
+//   allowed_codecs = ["none", "zstd", "int8", "fp8"]
+//   [allreduce]
+//   deadline = "60s"
+//   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
+//
+// Every problem is reported as ONE error naming the file, the line and column, the key path
+// (e.g. `peers.eu-west.shard_1`), what was found and what is allowed. Unknown keys are errors,
+// so that a typo never silently falls back to a default.
+#ifndef STRAIT_LIB_GATEWAY_CONFIG_H_
+#define STRAIT_LIB_GATEWAY_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "net/link.h"
+#include "strait/codec.h"
+#include "strait/status.h"
+
+namespace strait::gateway {
+
+// A numeric host and a port, as written in the config ("10.0.0.7:7400", "[::1]:7400").
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;
+};
+// Parses "host:port" / "[v6]:port" with a numeric host; the error says what is accepted.
+StatusOr<HostPort> ParseHostPort(std::string_view text);
+
+// The job-policy part of the config: what jobs get by default and what they may ask for.
+struct PolicyLimits {
+  std::string default_codec = "auto";  // auto, none, zstd, int8, int4, fp8
+  bool default_error_feedback = true;
+  uint64_t min_lossy_bytes = 64 * 1024;
+  double max_relative_error = 0.1;
+  // Codecs jobs may use; always holds at least one lossless codec.
+  std::vector<CodecId> allowed_codecs = {CodecId::kNone, CodecId::kZstd, CodecId::kInt8,
+                                         CodecId::kInt4, CodecId::kFp8E4M3};
+};
+
+struct GatewayConfig {
+  std::string file;  // where it was loaded from (for messages)
+  std::string region;
+  int shard_index = 0;
+
+  std::string local_socket;
+  std::vector<uint32_t> allowed_uids;
+  std::vector<uint32_t> allowed_gids;
+
+  HostPort wan_listen;
+  net::Transport transport = net::Transport::kTls;
+  std::string tls_ca, tls_cert, tls_key;  // absolute or relative to the working directory
+
+  // region -> (shard index -> address). Never contains this gateway's own region.
+  std::map<std::string, std::map<int, HostPort>> peers;
+
+  net::LinkOptions link;
+  PolicyLimits policy;
+  int64_t allreduce_deadline_ns = int64_t{60'000'000'000};
+  int64_t shutdown_grace_ns = int64_t{30'000'000'000};
+
+  // The gateways this one runs all-reduces with: every region (this one included) in sorted
+  // order, the rank of a region being its index. Every region has an address for shard_index.
+  std::vector<std::string> WorldRegions() const;
+  // One line for logs and --check-config: region, shard, world, transport, socket, policy.
+  std::string Summary() const;
+};
+
+// Parses and validates `text` as if read from `file` (relative TLS paths resolve against the
+// file's directory). Errors are kInvalidArgument, formatted
+//   "<file>:<line>:<col>: <key path>: <problem>; <what is allowed>".
+StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& file);
+// Reads `file` and parses it; kNotFound / kPermissionDenied naming the file if it cannot be read.
+StatusOr<GatewayConfig> LoadConfig(const std::string& file);
+
+}  // namespace strait::gateway
+
+#endif  // STRAIT_LIB_GATEWAY_CONFIG_H_

@@ -1,0 +1,350 @@
+// Encoding, decoding and socket I/O of the local protocol (see local_protocol.h).
+#include "gateway/local_protocol.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace strait::gateway {
+namespace {
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(v); }
+  void U16(uint16_t v) { Le(v, 2); }
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void Str(const std::string& s) {
+    U16(static_cast<uint16_t>(s.size()));
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  void Bytes(const std::vector<uint8_t>& b) { out_.insert(out_.end(), b.begin(), b.end()); }
+  std::vector<uint8_t>& out() { return out_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::vector<uint8_t> out_;
+};
+
+// Reads fields from a body; the first field that does not fit sets a sticky error naming it.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> body) : body_(body) {}
+  bool Need(size_t n, const char* field) {
+    if (!status_.ok()) return false;
+    if (body_.size() - pos_ < n) {
+      status_ = DataLossError("truncated local message: field `" + std::string(field) +
+                              "` needs " + std::to_string(n) + " bytes at offset " +
+                              std::to_string(pos_) + " but the body has " +
+                              std::to_string(body_.size()));
+      return false;
+    }
+    return true;
+  }
+  uint64_t Le(int n, const char* field) {
+    if (!Need(static_cast<size_t>(n), field)) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t{body_[pos_ + static_cast<size_t>(i)]} << (8 * i);
+    pos_ += static_cast<size_t>(n);
+    return v;
+  }
+  std::string Str(const char* field, size_t max, bool required) {
+    const size_t n = static_cast<size_t>(Le(2, field));
+    if (!status_.ok()) return {};
+    if (n > max) {
+      status_ = InvalidArgumentError("local message field `" + std::string(field) + "` is " +
+                                     std::to_string(n) + " bytes; at most " +
+                                     std::to_string(max) + " allowed");
+      return {};
+    }
+    if (required && n == 0) {
+      status_ = InvalidArgumentError("local message field `" + std::string(field) +
+                                     "` is empty; a non-empty name is required");
+      return {};
+    }
+    if (!Need(n, field)) return {};
+    std::string s(reinterpret_cast<const char*>(body_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  std::vector<uint8_t> Rest() {
+    std::vector<uint8_t> v(body_.begin() + static_cast<std::ptrdiff_t>(pos_), body_.end());
+    pos_ = body_.size();
+    return v;
+  }
+  void Fail(Status s) {
+    if (status_.ok()) status_ = std::move(s);
+  }
+  bool AtEnd() const { return pos_ == body_.size(); }
+  size_t remaining() const { return body_.size() - pos_; }
+  const Status& status() const { return status_; }
+
+ private:
+  std::span<const uint8_t> body_;
+  size_t pos_ = 0;
+  Status status_;
+};
+
+Status CheckStr(const std::string& s, const char* field, size_t max, bool required) {
+  if (s.size() > max) {
+    return InvalidArgumentError(std::string(field) + " is " + std::to_string(s.size()) +
+                                " bytes; at most " + std::to_string(max) + " allowed");
+  }
+  if (required && s.empty()) return InvalidArgumentError(std::string(field) + " is empty");
+  return Status::Ok();
+}
+
+bool KnownType(uint8_t t) {
+  return t == 1 || t == 2 || t == 3 || t == 4 || t == 128;
+}
+
+}  // namespace
+
+const char* MessageTypeName(MessageType type) noexcept {
+  switch (type) {
+    case MessageType::kHello: return "hello";
+    case MessageType::kRegisterJob: return "register-job";
+    case MessageType::kAllReduce: return "all-reduce";
+    case MessageType::kStats: return "stats";
+    case MessageType::kReply: return "reply";
+  }
+  return "invalid";
+}
+
+StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_message_bytes) {
+  Writer w;
+  w.U32(0);  // length, filled in below
+  w.U8(static_cast<uint8_t>(m.type));
+  switch (m.type) {
+    case MessageType::kHello:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.client_name, "client name", kMaxNameBytes, false));
+      w.U32(m.magic);
+      w.U16(m.version);
+      w.Str(m.client_name);
+      break;
+    case MessageType::kRegisterJob:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.policy, "policy", kMaxPolicyBytes, false));
+      w.Str(m.job);
+      w.Str(m.policy);
+      break;
+    case MessageType::kAllReduce: {
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
+      const size_t elem = DataTypeSize(m.dtype);
+      if (elem == 0 || m.count > m.data.size() / elem || m.count * elem != m.data.size()) {
+        return InvalidArgumentError("all-reduce data is " + std::to_string(m.data.size()) +
+                                    " bytes; count " + std::to_string(m.count) + " of " +
+                                    DataTypeName(m.dtype) + " needs count x element size");
+      }
+      w.Str(m.job);
+      w.Str(m.tensor_key);
+      w.U8(static_cast<uint8_t>(m.dtype));
+      w.U8(static_cast<uint8_t>(m.op));
+      w.U64(m.count);
+      w.U32(m.timeout_ms);
+      w.Bytes(m.data);
+      break;
+    }
+    case MessageType::kStats:
+      break;
+    case MessageType::kReply:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.text, "reply message", kMaxReplyTextBytes, false));
+      w.U8(static_cast<uint8_t>(m.reply_to));
+      w.U32(static_cast<uint32_t>(m.code));
+      w.Str(m.text);
+      w.Bytes(m.data);
+      break;
+    default:
+      return InvalidArgumentError("unknown local message type " +
+                                  std::to_string(static_cast<int>(m.type)));
+  }
+  std::vector<uint8_t>& out = w.out();
+  const size_t body = out.size() - kFrameLengthBytes;
+  if (body > max_message_bytes) {
+    return ResourceExhaustedError("local message of " + std::to_string(body) +
+                                  " bytes exceeds the limit of " +
+                                  std::to_string(max_message_bytes) +
+                                  " bytes; split the tensor into smaller all-reduces");
+  }
+  for (int i = 0; i < 4; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(body >> (8 * i));
+  return std::move(out);
+}
+
+StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_message_bytes) {
+  if (body.size() > max_message_bytes) {
+    return ResourceExhaustedError("local message of " + std::to_string(body.size()) +
+                                  " bytes exceeds the limit of " +
+                                  std::to_string(max_message_bytes));
+  }
+  Reader r(body);
+  Message m;
+  const uint8_t type = static_cast<uint8_t>(r.Le(1, "type"));
+  if (!r.status().ok()) return r.status();
+  if (!KnownType(type)) {
+    return InvalidArgumentError("unknown local message type " + std::to_string(type) +
+                                "; this gateway speaks version " +
+                                std::to_string(kLocalVersion));
+  }
+  m.type = static_cast<MessageType>(type);
+  switch (m.type) {
+    case MessageType::kHello:
+      m.magic = static_cast<uint32_t>(r.Le(4, "magic"));
+      m.version = static_cast<uint16_t>(r.Le(2, "version"));
+      if (r.status().ok() && m.magic != kLocalMagic) {
+        return DataLossError("not a Strait local-protocol hello (bad magic)");
+      }
+      if (r.status().ok() && m.version != kLocalVersion) {
+        return UnimplementedError("local protocol version " + std::to_string(m.version) +
+                                  " is not supported; this gateway speaks version " +
+                                  std::to_string(kLocalVersion));
+      }
+      m.client_name = r.Str("client name", kMaxNameBytes, false);
+      break;
+    case MessageType::kRegisterJob:
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.policy = r.Str("policy", kMaxPolicyBytes, false);
+      break;
+    case MessageType::kAllReduce: {
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
+      const uint8_t dtype = static_cast<uint8_t>(r.Le(1, "dtype"));
+      const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
+      m.count = r.Le(8, "count");
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      if (!r.status().ok()) break;
+      if (!IsValidDataType(dtype)) {
+        return InvalidArgumentError("all-reduce dtype " + std::to_string(dtype) +
+                                    " is not a known data type");
+      }
+      if (!IsValidReduceOp(op)) {
+        return InvalidArgumentError("all-reduce op " + std::to_string(op) +
+                                    " is not a known reduction (sum, prod, max, min, avg)");
+      }
+      m.dtype = static_cast<DataType>(dtype);
+      m.op = static_cast<ReduceOp>(op);
+      const size_t elem = DataTypeSize(m.dtype);
+      if (m.count > r.remaining() / elem || m.count * elem != r.remaining()) {
+        return InvalidArgumentError("all-reduce of " + std::to_string(m.count) + " " +
+                                    DataTypeName(m.dtype) + " elements carries " +
+                                    std::to_string(r.remaining()) + " data bytes; needs " +
+                                    "count x " + std::to_string(elem));
+      }
+      m.data = r.Rest();
+      break;
+    }
+    case MessageType::kStats:
+      break;
+    case MessageType::kReply: {
+      const uint8_t to = static_cast<uint8_t>(r.Le(1, "reply type"));
+      const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
+      if (!r.status().ok()) break;
+      if (!KnownType(to) || to == static_cast<uint8_t>(MessageType::kReply)) {
+        return InvalidArgumentError("reply to unknown request type " + std::to_string(to));
+      }
+      if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
+        return InvalidArgumentError("reply carries unknown status code " + std::to_string(code));
+      }
+      m.reply_to = static_cast<MessageType>(to);
+      m.code = static_cast<StatusCode>(code);
+      m.text = r.Str("reply message", kMaxReplyTextBytes, false);
+      if (r.status().ok()) m.data = r.Rest();
+      break;
+    }
+  }
+  if (!r.status().ok()) return r.status();
+  if (!r.AtEnd()) {
+    return InvalidArgumentError(std::to_string(r.remaining()) + " trailing bytes after a " +
+                                MessageTypeName(m.type) + " message");
+  }
+  return m;
+}
+
+namespace {
+
+// Waits for `events` on fd until the deadline: OK, or kDeadlineExceeded.
+Status WaitFor(int fd, short events, Deadline deadline, const char* what) {
+  for (;;) {
+    const int64_t left = deadline.RemainingNanos();
+    if (left <= 0) return DeadlineExceededError(std::string("local socket: timed out ") + what);
+    pollfd p{fd, events, 0};
+    const int ms = static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000));
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return Status::Ok();
+    if (rc < 0 && errno != EINTR) {
+      return UnavailableError(std::string("local socket: poll failed: ") + std::strerror(errno));
+    }
+  }
+}
+
+// Reads exactly n bytes; *got says how many arrived before an error.
+Status ReadExact(int fd, uint8_t* buf, size_t n, Deadline deadline, size_t* got) {
+  *got = 0;
+  while (*got < n) {
+    STRAIT_RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, "reading"));
+    const ssize_t rc = ::recv(fd, buf + *got, n - *got, MSG_DONTWAIT);
+    if (rc > 0) {
+      *got += static_cast<size_t>(rc);
+    } else if (rc == 0) {
+      return UnavailableError("local socket: connection closed by the peer");
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return UnavailableError(std::string("local socket: read failed: ") + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteAll(int fd, std::span<const uint8_t> bytes, Deadline deadline) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    STRAIT_RETURN_IF_ERROR(WaitFor(fd, POLLOUT, deadline, "writing"));
+    const ssize_t rc =
+        ::send(fd, bytes.data() + done, bytes.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (rc > 0) {
+      done += static_cast<size_t>(rc);
+    } else if (rc < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return UnavailableError(std::string("local socket: write failed: ") + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline) {
+  uint8_t len_bytes[kFrameLengthBytes];
+  size_t got = 0;
+  Status s = ReadExact(fd, len_bytes, sizeof(len_bytes), deadline, &got);
+  if (!s.ok()) {
+    if (got > 0 && s.code() == StatusCode::kUnavailable) {
+      return DataLossError("local socket: connection closed inside a frame's length");
+    }
+    return s;
+  }
+  uint32_t len = 0;
+  for (size_t i = 0; i < kFrameLengthBytes; ++i) len |= uint32_t{len_bytes[i]} << (8 * i);
+  if (len == 0) return InvalidArgumentError("local frame with an empty body");
+  if (len > max_message_bytes) {
+    return ResourceExhaustedError("local frame of " + std::to_string(len) +
+                                  " bytes exceeds the limit of " +
+                                  std::to_string(max_message_bytes) + " bytes");
+  }
+  std::vector<uint8_t> body(len);
+  s = ReadExact(fd, body.data(), body.size(), deadline, &got);
+  if (!s.ok()) {
+    if (s.code() == StatusCode::kUnavailable) {
+      return DataLossError("local socket: connection closed after " + std::to_string(got) +
+                           " of a frame's " + std::to_string(len) + " bytes");
+    }
+    return s;
+  }
+  return body;
+}
+
+}  // namespace strait::gateway

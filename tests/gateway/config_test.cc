@@ -1,0 +1,215 @@
+// Config validation: a good file parses into the expected values, and each bad file in a table
+// gives one error naming the file, line, key path, what was found and what is allowed.
+#include "gateway/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <string>
+
+namespace strait::gateway {
+namespace {
+
+constexpr const char* kGood = R"(region = "us-east"
+shard_index = 1
+[local]
+socket = "/run/strait/s.sock"
+allowed_uids = [1000, 1001]
+allowed_gids = [50]
+[wan]
+listen = "0.0.0.0:7400"
+[tls]
+ca = "ca.pem"
+cert = "/etc/strait/gw.pem"
+key = "gw.key"
+[peers.eu-west]
+shard_0 = "10.1.0.1:7400"
+shard_1 = "10.1.0.2:7400"
+[peers.ap-south]
+shard_1 = "[fd00::7]:7400"
+[link]
+streams = 8
+congestion_control = "bbr"
+unreachable_after = "45s"
+[policy]
+codec = "int8"
+error_feedback = false
+min_lossy_bytes = "1MiB"
+max_relative_error = 0.01
+allowed_codecs = ["none", "zstd", "int8"]
+[allreduce]
+deadline = "90s"
+)";
+
+TEST(GatewayConfig, ParsesAGoodFile) {
+  auto c = ParseConfig(kGood, "/etc/strait/straitd.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->region, "us-east");
+  EXPECT_EQ(c->shard_index, 1);
+  EXPECT_EQ(c->local_socket, "/run/strait/s.sock");
+  EXPECT_EQ(c->allowed_uids, (std::vector<uint32_t>{1000, 1001}));
+  EXPECT_EQ(c->allowed_gids, (std::vector<uint32_t>{50}));
+  EXPECT_EQ(c->wan_listen.ToString(), "0.0.0.0:7400");
+  EXPECT_EQ(c->transport, net::Transport::kTls);
+  EXPECT_EQ(c->tls_ca, "/etc/strait/ca.pem");  // relative to the config file
+  EXPECT_EQ(c->tls_cert, "/etc/strait/gw.pem");
+  ASSERT_EQ(c->peers.size(), 2u);
+  EXPECT_EQ(c->peers.at("eu-west").at(1).ToString(), "10.1.0.2:7400");
+  EXPECT_EQ(c->peers.at("ap-south").at(1).ToString(), "[fd00::7]:7400");
+  EXPECT_EQ(c->link.streams, 8);
+  EXPECT_EQ(c->link.congestion_control, "bbr");
+  EXPECT_EQ(c->link.unreachable_after_ns, 45'000'000'000);
+  EXPECT_EQ(c->policy.default_codec, "int8");
+  EXPECT_FALSE(c->policy.default_error_feedback);
+  EXPECT_EQ(c->policy.min_lossy_bytes, 1u << 20);
+  EXPECT_DOUBLE_EQ(c->policy.max_relative_error, 0.01);
+  EXPECT_EQ(c->policy.allowed_codecs.size(), 3u);
+  EXPECT_EQ(c->allreduce_deadline_ns, 90'000'000'000);
+  EXPECT_EQ(c->WorldRegions(), (std::vector<std::string>{"ap-south", "eu-west", "us-east"}));
+  EXPECT_NE(c->Summary().find("world [ap-south, eu-west, us-east]"), std::string::npos);
+}
+
+TEST(GatewayConfig, PlainTransportNeedsNoTls) {
+  std::string text = kGood;
+  const size_t tls = text.find("[tls]");
+  text.erase(tls, text.find("[peers.eu-west]") - tls);
+  text.replace(text.find("listen = \"0.0.0.0:7400\""), 23,
+               "listen = \"0.0.0.0:7400\"\ntransport = \"plain\"");
+  auto c = ParseConfig(text, "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->transport, net::Transport::kPlainTcp);
+}
+
+struct BadCase {
+  const char* name;
+  const char* find;     // text in kGood to replace ("" = append `replace` at the end)
+  const char* replace;
+  const char* expect;   // substring the error must contain
+};
+
+const BadCase kBadCases[] = {
+    {"unknown top-level key", "shard_index = 1", "shard_index = 1\nregoin = \"x\"",
+     "f.toml:3:1: regoin: unknown key; allowed keys here: region, shard_index"},
+    {"missing region", "region = \"us-east\"\n", "", "(top level): missing required key `region`"},
+    {"bad region", "region = \"us-east\"", "region = \"us east\"",
+     "f.toml:1:10: region: found \"us east\"; allowed: 1-63 characters"},
+    {"shard index wrong type", "shard_index = 1", "shard_index = \"1\"",
+     "f.toml:2:15: shard_index: found a string; allowed: an integer in [0, 4095]"},
+    {"shard index out of range", "shard_index = 1", "shard_index = -3",
+     "shard_index: found -3; allowed: an integer in [0, 4095]"},
+    {"unknown key in local", "allowed_gids = [50]", "allowed_gids = [50]\nmode = 432",
+     "f.toml:7:1: local.mode: unknown key; allowed keys here: socket, allowed_uids, allowed_gids"},
+    {"uid not an integer", "[1000, 1001]", "[1000, \"bob\"]",
+     "local.allowed_uids[1]: found a string; allowed: an array of integer ids"},
+    {"nobody allowed", "allowed_uids = [1000, 1001]\nallowed_gids = [50]\n", "",
+     "local: neither allowed_uids nor allowed_gids"},
+    {"socket path too long", "/run/strait/s.sock",
+     "/run/strait/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock",
+     "local.socket: found a path of 128 bytes; allowed: a path of 1-107 bytes"},
+    {"bad listen address", "0.0.0.0:7400", "localhost:7400",
+     "f.toml:8:10: wan.listen: found \"localhost:7400\"; allowed: \"<numeric IPv4>:<port>\""},
+    {"port out of range", "0.0.0.0:7400", "0.0.0.0:70000", "wan.listen: found \"0.0.0.0:70000\""},
+    {"bad transport", "listen = \"0.0.0.0:7400\"",
+     "listen = \"0.0.0.0:7400\"\ntransport = \"ssl\"",
+     "wan.transport: found \"ssl\"; allowed: \"tls\" or \"plain\""},
+    {"tls missing", "[tls]\nca = \"ca.pem\"\ncert = \"/etc/strait/gw.pem\"\nkey = \"gw.key\"\n", "",
+     "missing table [tls] (ca, cert, key) required by wan.transport = \"tls\""},
+    {"tls with plain", "listen = \"0.0.0.0:7400\"",
+     "listen = \"0.0.0.0:7400\"\ntransport = \"plain\"",
+     "tls: a [tls] table was given but wan.transport = \"plain\""},
+    {"tls key missing", "key = \"gw.key\"\n", "", "tls: missing required key `key`"},
+    {"peer shard missing", "shard_1 = \"10.1.0.2:7400\"", "shard_2 = \"10.1.0.2:7400\"",
+     "peers.eu-west.shard_1: missing: this gateway has shard_index = 1"},
+    {"peer shard bad key", "shard_0 = \"10.1.0.1:7400\"", "shard0 = \"10.1.0.1:7400\"",
+     "f.toml:14:1: peers.eu-west.shard0: unknown key; allowed: shard_<index>"},
+    {"peer address wrong type", "shard_1 = \"[fd00::7]:7400\"", "shard_1 = 7400",
+     "f.toml:17:11: peers.ap-south.shard_1: found an integer; allowed: a string \"host:port\""},
+    {"peer address bad", "shard_1 = \"10.1.0.2:7400\"", "shard_1 = \"10.1.0.2\"",
+     "peers.eu-west.shard_1: found \"10.1.0.2\"; allowed:"},
+    {"own region as peer", "[peers.ap-south]", "[peers.us-east]",
+     "peers.us-east: this gateway's own region is listed as a peer"},
+    {"streams out of range", "streams = 8", "streams = 0",
+     "link.streams: found 0; allowed: an integer in [1, 64]"},
+    {"bad duration", "unreachable_after = \"45s\"", "unreachable_after = \"45\"",
+     "f.toml:21:21: link.unreachable_after: found \"45\"; allowed: a positive duration string"},
+    {"duration wrong type", "unreachable_after = \"45s\"", "unreachable_after = 45",
+     "link.unreachable_after: found an integer; allowed: a positive duration"},
+    {"bad congestion control", "\"bbr\"", "\"bbr; rm -rf\"",
+     "link.congestion_control: found \"bbr; rm -rf\"; allowed: a kernel algorithm name"},
+    {"unknown policy codec", "codec = \"int8\"", "codec = \"int3\"",
+     "f.toml:23:9: policy.codec: found \"int3\"; allowed: \"auto\", \"none\""},
+    {"bad min lossy bytes", "\"1MiB\"", "\"1 parsec\"",
+     "policy.min_lossy_bytes: found \"1 parsec\"; allowed: a byte count"},
+    {"relative error out of range", "max_relative_error = 0.01", "max_relative_error = 2",
+     "policy.max_relative_error: found 2; allowed: a number in (0, 1]"},
+    {"error feedback wrong type", "error_feedback = false", "error_feedback = \"no\"",
+     "policy.error_feedback: found a string; allowed: true or false"},
+    {"allowed codec unknown", "[\"none\", \"zstd\", \"int8\"]", "[\"none\", \"lz4\"]",
+     "policy.allowed_codecs[1]: found \"lz4\"; allowed: an array of codec names"},
+    {"no lossless codec", "[\"none\", \"zstd\", \"int8\"]", "[\"int8\"]",
+     "policy.allowed_codecs: no lossless codec listed"},
+    {"unknown allreduce key", "deadline = \"90s\"", "deadlin = \"90s\"",
+     "allreduce.deadlin: unknown key; allowed keys here: deadline, shutdown_grace"},
+    {"unknown table", "[allreduce]", "[allreduc]",
+     "allreduc: unknown key; allowed keys here: region, shard_index, local, wan, tls, peers"},
+    {"peer region not a table", "[peers.ap-south]\nshard_1 = \"[fd00::7]:7400\"",
+     "[peers]\nap-south = 3",
+     "f.toml:17:12: peers.ap-south: found an integer; allowed: a table of shard_<index>"},
+    {"toml syntax", "streams = 8", "streams = = 8", "f.toml:19:11: TOML syntax error"},
+};
+
+class BadConfig : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadConfig, GivesOneClearError) {
+  const BadCase& bad = GetParam();
+  std::string text = kGood;
+  if (std::string(bad.find).empty()) {
+    // A top-level key after a table would belong to the table: put it before the first one.
+    text.insert(text.find("[local]"), std::string(bad.replace) + "\n");
+  } else {
+    const size_t at = text.find(bad.find);
+    ASSERT_NE(at, std::string::npos) << bad.find;
+    text.replace(at, std::string(bad.find).size(), bad.replace);
+  }
+  auto c = ParseConfig(text, "f.toml");
+  ASSERT_FALSE(c.ok()) << bad.name;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(bad.expect), std::string::npos)
+      << bad.name << "\n  got:  " << c.status().message() << "\n  want: " << bad.expect;
+  EXPECT_EQ(c.status().message().rfind("f.toml", 0), 0u) << c.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadConfig, ::testing::ValuesIn(kBadCases),
+                         [](const ::testing::TestParamInfo<BadCase>& param_info) {
+                           std::string n = param_info.param.name;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+TEST(GatewayConfig, MissingFileIsNotFound) {
+  auto c = LoadConfig("/nonexistent/straitd.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.status().message().find("/nonexistent/straitd.toml"), std::string::npos);
+}
+
+TEST(HostPort, ParsesIpv4AndIpv6) {
+  auto a = ParseHostPort("127.0.0.1:9");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, 9);
+  auto b = ParseHostPort("[::1]:65535");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_EQ(b->ToString(), "[::1]:65535");
+  EXPECT_FALSE(ParseHostPort("::1:80").ok());
+  EXPECT_FALSE(ParseHostPort("1.2.3.4:0").ok());
+  EXPECT_FALSE(ParseHostPort("1.2.3.4:").ok());
+  EXPECT_FALSE(ParseHostPort("[::1]80").ok());
+}
+
+}  // namespace
+}  // namespace strait::gateway

@@ -1,0 +1,173 @@
+// The gateway's local server in one process (its only peer never comes up): the hello, job
+// registration, stats, credential checks, socket mode, and bad requests that get an error while
+// the gateway keeps serving.
+#include "gateway/gateway.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "gateway/client.h"
+
+namespace strait::gateway {
+namespace {
+
+class GatewayServer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strait-gw-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    config_.file = "test";
+    // "us" ranks above "eu", so it dials nobody and waits for eu, which never comes.
+    config_.region = "us";
+    config_.local_socket = dir_ + "/gw.sock";
+    config_.allowed_uids = {::getuid()};
+    config_.wan_listen = {"127.0.0.1", 0};
+    config_.transport = net::Transport::kPlainTcp;
+    config_.peers["eu"][0] = {"127.0.0.1", 1};
+    config_.policy.min_lossy_bytes = 16;
+    config_.shutdown_grace_ns = 1'000'000'000;
+  }
+  void TearDown() override {
+    gateway_.reset();
+    ::rmdir(dir_.c_str());
+  }
+  void StartGateway() {
+    auto g = Gateway::Start(config_);
+    ASSERT_TRUE(g.ok()) << g.status();
+    gateway_ = std::move(g).value();
+  }
+
+  std::string dir_;
+  GatewayConfig config_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(GatewayServer, ServesHelloRegisterAndStats) {
+  StartGateway();
+  struct stat st {};
+  ASSERT_EQ(::stat(config_.local_socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  auto client = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5), "test");
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto policy = (*client)->RegisterJob("job", "int8,ef", Deadline::AfterSeconds(5));
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->rfind("int8+ef", 0), 0u) << *policy;
+
+  auto clamped = (*client)->RegisterJob("job2", "int4", Deadline::AfterSeconds(5));
+  ASSERT_TRUE(clamped.ok());
+  EXPECT_EQ(clamped->rfind("int4", 0), 0u) << *clamped;
+
+  auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->find("connections 1\n"), std::string::npos) << *stats;
+}
+
+TEST_F(GatewayServer, BadRequestsGetErrorsAndTheGatewayKeepsServing) {
+  StartGateway();
+  auto client = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  auto bad_policy = (*client)->RegisterJob("job", "int3", Deadline::AfterSeconds(5));
+  EXPECT_EQ(bad_policy.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_policy.status().message().find("unknown codec \"int3\""), std::string::npos);
+
+  float data[4] = {1, 2, 3, 4};
+  Status s = (*client)->AllReduce("nojob", "w", DataType::kFloat32, ReduceOp::kSum, data, 4,
+                                  Deadline::AfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("not registered"), std::string::npos) << s;
+
+  // A well-framed body with an unknown type: an error reply, and the connection survives.
+  auto raw = (*client)->SendRawForTest({1, 0, 0, 0, 99}, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->code, StatusCode::kInvalidArgument);
+  EXPECT_NE(raw->text.find("unknown local message type 99"), std::string::npos) << raw->text;
+
+  // The peer region never comes up: the all-reduce fails by its deadline, clearly.
+  ASSERT_TRUE((*client)->RegisterJob("job", "zstd", Deadline::AfterSeconds(5)).ok());
+  s = (*client)->AllReduce("job", "w", DataType::kFloat32, ReduceOp::kSum, data, 4,
+                           Deadline::After(300'000'000));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("eu"), std::string::npos) << s;
+  EXPECT_EQ(data[0], 1.0f);  // untouched on error
+
+  auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->find("bad_requests 3\n"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("allreduce_failed 1\n"), std::string::npos) << *stats;
+
+  // A frame length above the limit breaks the framing: an error reply, then the connection
+  // closes; a new client is served as before.
+  raw = (*client)->SendRawForTest({0xff, 0xff, 0xff, 0x7f}, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->code, StatusCode::kResourceExhausted);
+  auto again = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->Stats(Deadline::AfterSeconds(5)).ok());
+}
+
+TEST_F(GatewayServer, RefusesCredentialsNotConfigured) {
+  config_.allowed_uids = {::getuid() + 1};
+  config_.allowed_gids = {::getgid() + 1};
+  StartGateway();
+  auto client = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5));
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), StatusCode::kPermissionDenied) << client.status();
+  EXPECT_NE(client.status().message().find("local.allowed_uids"), std::string::npos);
+  EXPECT_NE(gateway_->StatsText().find("refused_connections 1\n"), std::string::npos);
+}
+
+TEST_F(GatewayServer, ShutdownRemovesTheSocket) {
+  StartGateway();
+  gateway_->Shutdown(Deadline::AfterSeconds(1));
+  EXPECT_NE(::access(config_.local_socket.c_str(), F_OK), 0);
+  auto client = Client::Connect(config_.local_socket, Deadline::After(100'000'000));
+  EXPECT_EQ(client.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(OperationId, StableAndDistinct) {
+  EXPECT_EQ(OperationId("job", "w", 0), OperationId("job", "w", 0));
+  EXPECT_NE(OperationId("job", "w", 0), OperationId("job", "w", 1));
+  EXPECT_NE(OperationId("ab", "c", 0), OperationId("a", "bc", 0));
+  EXPECT_LT(OperationId("job", "w", 7), uint64_t{1} << 38);
+}
+
+}  // namespace
+}  // namespace strait::gateway
+
+namespace strait::gateway {
+namespace {
+
+TEST_F(GatewayServer, ShutdownLetsAnInFlightAllReduceAnswer) {
+  StartGateway();
+  auto client = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->RegisterJob("job", "none", Deadline::AfterSeconds(5)).ok());
+  Status result;
+  std::thread op([&] {
+    float data[2] = {1, 2};
+    result = (*client)->AllReduce("job", "w", DataType::kFloat32, ReduceOp::kSum, data, 2,
+                                  Deadline::AfterSeconds(20));
+  });
+  // Wait until the gateway counts it in flight, then stop.
+  const Deadline until = Deadline::AfterSeconds(5);
+  while (gateway_->StatsText().find("in_flight 1\n") == std::string::npos && !until.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_NE(gateway_->StatsText().find("in_flight 1\n"), std::string::npos);
+  gateway_->Shutdown(Deadline::AfterSeconds(5));
+  op.join();
+  // The operation got the gateway's own answer (its peer never came), not a dropped connection.
+  EXPECT_EQ(result.code(), StatusCode::kUnavailable) << result;
+  EXPECT_NE(result.message().find("no link yet"), std::string::npos) << result;
+}
+
+}  // namespace
+}  // namespace strait::gateway

@@ -1,0 +1,233 @@
+// The local protocol: round trips of every message type, and bad frames that must each give a
+// clear error without reading past the body.
+#include "gateway/local_protocol.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace strait::gateway {
+namespace {
+
+std::vector<uint8_t> Body(const std::vector<uint8_t>& frame) {
+  return std::vector<uint8_t>(frame.begin() + 4, frame.end());
+}
+
+Message AllReduceMessage() {
+  Message m;
+  m.type = MessageType::kAllReduce;
+  m.job = "job-1";
+  m.tensor_key = "layer.0.grad";
+  m.dtype = DataType::kFloat32;
+  m.op = ReduceOp::kSum;
+  m.count = 3;
+  m.timeout_ms = 5000;
+  const float v[3] = {1.5f, -2.0f, 3.25f};
+  m.data.resize(sizeof(v));
+  std::memcpy(m.data.data(), v, sizeof(v));
+  return m;
+}
+
+TEST(LocalProtocol, RoundTripsEveryType) {
+  Message hello;
+  hello.type = MessageType::kHello;
+  hello.client_name = "rank-3";
+  auto f = EncodeMessage(hello);
+  ASSERT_TRUE(f.ok());
+  // Length prefix, then type 1, then the magic "STLP".
+  EXPECT_EQ((*f)[0], f->size() - 4);
+  EXPECT_EQ((*f)[4], 1);
+  EXPECT_EQ(std::memcmp(f->data() + 5, "STLP", 4), 0);
+  auto h = DecodeMessage(Body(*f));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->client_name, "rank-3");
+
+  Message reg;
+  reg.type = MessageType::kRegisterJob;
+  reg.job = "job-1";
+  reg.policy = "int8,ef";
+  f = EncodeMessage(reg);
+  ASSERT_TRUE(f.ok());
+  auto r = DecodeMessage(Body(*f));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->type, MessageType::kRegisterJob);
+  EXPECT_EQ(r->job, "job-1");
+  EXPECT_EQ(r->policy, "int8,ef");
+
+  f = EncodeMessage(AllReduceMessage());
+  ASSERT_TRUE(f.ok());
+  auto a = DecodeMessage(Body(*f));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->tensor_key, "layer.0.grad");
+  EXPECT_EQ(a->count, 3u);
+  EXPECT_EQ(a->timeout_ms, 5000u);
+  EXPECT_EQ(a->data, AllReduceMessage().data);
+
+  Message reply;
+  reply.type = MessageType::kReply;
+  reply.reply_to = MessageType::kAllReduce;
+  reply.code = StatusCode::kDeadlineExceeded;
+  reply.text = "too slow";
+  reply.data = {1, 2, 3};
+  f = EncodeMessage(reply);
+  ASSERT_TRUE(f.ok());
+  auto p = DecodeMessage(Body(*f));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->reply_to, MessageType::kAllReduce);
+  EXPECT_EQ(p->code, StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(p->text, "too slow");
+  EXPECT_EQ(p->data, reply.data);
+
+  Message stats;
+  stats.type = MessageType::kStats;
+  f = EncodeMessage(stats);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->size(), 5u);
+  EXPECT_TRUE(DecodeMessage(Body(*f)).ok());
+}
+
+TEST(LocalProtocol, EncodeRefusesWhatTheGatewayWouldRefuse) {
+  Message m = AllReduceMessage();
+  m.count = 4;  // data holds 3 floats
+  EXPECT_EQ(EncodeMessage(m).status().code(), StatusCode::kInvalidArgument);
+  m = AllReduceMessage();
+  m.job = "";
+  EXPECT_EQ(EncodeMessage(m).status().code(), StatusCode::kInvalidArgument);
+  m = AllReduceMessage();
+  m.tensor_key = std::string(kMaxNameBytes + 1, 'k');
+  EXPECT_EQ(EncodeMessage(m).status().code(), StatusCode::kInvalidArgument);
+  m = AllReduceMessage();
+  EXPECT_EQ(EncodeMessage(m, 16).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(LocalProtocol, EveryTruncationIsDataLossOrInvalid) {
+  auto f = EncodeMessage(AllReduceMessage());
+  ASSERT_TRUE(f.ok());
+  const std::vector<uint8_t> body = Body(*f);
+  for (size_t n = 0; n < body.size(); ++n) {
+    std::vector<uint8_t> cut(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(n));
+    auto m = DecodeMessage(cut);
+    ASSERT_FALSE(m.ok()) << n;
+    EXPECT_TRUE(m.status().code() == StatusCode::kDataLoss ||
+                m.status().code() == StatusCode::kInvalidArgument)
+        << n << ": " << m.status();
+  }
+}
+
+TEST(LocalProtocol, BadFieldsGiveDistinctErrors) {
+  auto f = EncodeMessage(AllReduceMessage());
+  ASSERT_TRUE(f.ok());
+  std::vector<uint8_t> body = Body(*f);
+  // Offsets: type 0, job len 1..2, job 3..7, key len 8..9, key 10..21, dtype 22, op 23,
+  // count 24..31, timeout 32..35, data 36..
+  struct Case {
+    size_t offset;
+    uint8_t value;
+    StatusCode code;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {0, 99, StatusCode::kInvalidArgument, "unknown local message type 99"},
+      {22, 200, StatusCode::kInvalidArgument, "dtype 200 is not a known data type"},
+      {23, 9, StatusCode::kInvalidArgument, "op 9 is not a known reduction"},
+      {24, 4, StatusCode::kInvalidArgument, "carries 12 data bytes"},
+      {31, 0xff, StatusCode::kInvalidArgument, "carries 12 data bytes"},  // huge count
+      {2, 0x01, StatusCode::kInvalidArgument, "field `job` is 261 bytes; at most 256"},
+      {9, 0x01, StatusCode::kInvalidArgument, "field `tensor key` is 268 bytes; at most 256"},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> bad = body;
+    bad[c.offset] = c.value;
+    auto m = DecodeMessage(bad);
+    ASSERT_FALSE(m.ok()) << c.expect;
+    EXPECT_EQ(m.status().code(), c.code) << m.status();
+    EXPECT_NE(m.status().message().find(c.expect), std::string::npos) << m.status();
+  }
+  // A key length that runs past the end.
+  std::vector<uint8_t> bad = body;
+  bad[8] = 100;
+  auto m = DecodeMessage(bad);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("truncated"), std::string::npos) << m.status();
+  // Trailing bytes after a fixed-size message.
+  Message stats;
+  stats.type = MessageType::kStats;
+  auto sf = EncodeMessage(stats);
+  ASSERT_TRUE(sf.ok());
+  std::vector<uint8_t> trailing = Body(*sf);
+  trailing.push_back(0);
+  m = DecodeMessage(trailing);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("1 trailing bytes"), std::string::npos) << m.status();
+  // Over the limit.
+  EXPECT_EQ(DecodeMessage(body, 10).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(LocalProtocol, HelloChecksMagicAndVersion) {
+  Message hello;
+  hello.type = MessageType::kHello;
+  hello.version = 2;
+  auto f = EncodeMessage(hello);
+  ASSERT_TRUE(f.ok());
+  auto m = DecodeMessage(Body(*f));
+  EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("version 2 is not supported"), std::string::npos);
+  hello.version = kLocalVersion;
+  hello.magic = 0x12345678;
+  f = EncodeMessage(hello);
+  ASSERT_TRUE(f.ok());
+  m = DecodeMessage(Body(*f));
+  EXPECT_EQ(m.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(m.status().message().find("bad magic"), std::string::npos);
+}
+
+TEST(LocalProtocol, ReplyWithUnknownCodeIsRefused) {
+  Message reply;
+  reply.type = MessageType::kReply;
+  reply.reply_to = MessageType::kStats;
+  auto f = EncodeMessage(reply);
+  ASSERT_TRUE(f.ok());
+  std::vector<uint8_t> body = Body(*f);
+  body[2] = 77;  // status code
+  EXPECT_NE(DecodeMessage(body).status().message().find("unknown status code 77"),
+            std::string::npos);
+  body = Body(*f);
+  body[1] = 128;  // a reply to a reply
+  EXPECT_FALSE(DecodeMessage(body).ok());
+}
+
+TEST(LocalProtocol, FramesOverASocketPair) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  auto f = EncodeMessage(AllReduceMessage());
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(WriteAll(sv[0], *f, Deadline::AfterSeconds(5)).ok());
+  auto body = ReadFrame(sv[1], kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, Body(*f));
+
+  // Nothing to read: the deadline.
+  auto none = ReadFrame(sv[1], kDefaultMaxMessageBytes, Deadline::After(20'000'000));
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+
+  // A length above the limit is refused before anything is allocated.
+  const uint8_t huge[4] = {0xff, 0xff, 0xff, 0x7f};
+  ASSERT_TRUE(WriteAll(sv[0], huge, Deadline::AfterSeconds(5)).ok());
+  auto over = ReadFrame(sv[1], 1024, Deadline::AfterSeconds(5));
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+
+  // EOF in the middle of a frame is data loss; EOF between frames is a clean close.
+  const uint8_t partial[6] = {10, 0, 0, 0, 4, 0};
+  ASSERT_TRUE(WriteAll(sv[0], partial, Deadline::AfterSeconds(5)).ok());
+  ::close(sv[0]);
+  auto cut = ReadFrame(sv[1], 1024, Deadline::AfterSeconds(5));
+  EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss) << cut.status();
+  auto eof = ReadFrame(sv[1], 1024, Deadline::AfterSeconds(5));
+  EXPECT_EQ(eof.status().code(), StatusCode::kUnavailable) << eof.status();
+  ::close(sv[1]);
+}
+
+}  // namespace
+}  // namespace strait::gateway

@@ -1,0 +1,235 @@
+// straitd end to end: three daemons (regions) on 127.0.0.1, one client per region running an
+// int8 and a zstd all-reduce through its local gateway; results checked against the reference
+// and bit for bit across regions; a bad request answered with an error while the daemon keeps
+// serving; SIGTERM ends every daemon with exit status 0. Runs over plain TCP and over TLS.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gateway/client.h"
+#include "tests/net/test_certs.h"
+
+extern char** environ;
+
+namespace strait::gateway {
+namespace {
+
+constexpr int kRegions = 3;
+const char* const kNames[kRegions] = {"us", "eu", "ap"};
+constexpr size_t kCount = 5000;
+
+// Ports the kernel just handed out for 127.0.0.1 (all held open at once, so they differ).
+std::vector<uint16_t> FreePorts(int n) {
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "cannot get a free port";
+    }
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+class Straitd : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    const bool tls = GetParam();
+    char tmpl[] = "/tmp/straitd-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    if (tls) {
+      auto pki = net::testing::TestPki::Create();
+      ASSERT_TRUE(pki.ok()) << pki.status();
+      pki_.emplace(std::move(pki).value());
+      ASSERT_TRUE(pki_->MakeCa("cluster-ca").ok());
+    }
+    const std::vector<uint16_t> ports = FreePorts(kRegions);
+    for (int r = 0; r < kRegions; ++r) {
+      std::string c = "region = \"" + std::string(kNames[r]) + "\"\nshard_index = 0\n";
+      c += "[local]\nsocket = \"" + Socket(r) + "\"\nallowed_uids = [" +
+           std::to_string(::getuid()) + "]\n";
+      c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(ports[r]) + "\"\n";
+      if (tls) {
+        auto files = pki_->MakeGateway("cluster-ca", kNames[r], kNames[r]);
+        ASSERT_TRUE(files.ok()) << files.status();
+        c += "[tls]\nca = \"" + files->ca + "\"\ncert = \"" + files->cert + "\"\nkey = \"" +
+             files->key + "\"\n";
+      } else {
+        c += "transport = \"plain\"\n";
+      }
+      for (int p = 0; p < kRegions; ++p) {
+        if (p == r) continue;
+        c += "[peers." + std::string(kNames[p]) + "]\nshard_0 = \"127.0.0.1:" +
+             std::to_string(ports[p]) + "\"\n";
+      }
+      c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"10s\"\n";
+      c += "[policy]\nmin_lossy_bytes = \"4KiB\"\n";
+      c += "[allreduce]\ndeadline = \"30s\"\nshutdown_grace = \"5s\"\n";
+      const std::string file = dir_ + "/" + kNames[r] + ".toml";
+      std::ofstream(file) << c;
+      files_.push_back(file);
+    }
+    for (int r = 0; r < kRegions; ++r) {
+      // --check-config first: the file the test wrote must pass.
+      ASSERT_EQ(Run({"--check-config", files_[static_cast<size_t>(r)]}, false), 0);
+    }
+    for (int r = 0; r < kRegions; ++r) {
+      pids_.push_back(Run({"--config", files_[static_cast<size_t>(r)]}, true));
+    }
+  }
+
+  void TearDown() override {
+    for (pid_t pid : pids_) {
+      if (pid > 0) ::kill(pid, SIGKILL);
+    }
+    for (pid_t pid : pids_) {
+      if (pid > 0) ::waitpid(pid, nullptr, 0);
+    }
+    for (const auto& f : files_) ::unlink(f.c_str());
+    pki_.reset();
+    ::rmdir(dir_.c_str());
+  }
+
+  std::string Socket(int r) const { return dir_ + "/" + kNames[r] + ".sock"; }
+
+  // Starts straitd with `args`; returns its pid (background) or its exit status.
+  int Run(std::vector<std::string> args, bool background) {
+    std::vector<char*> argv;
+    std::string bin = STRAITD_PATH;
+    argv.push_back(bin.data());
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+      ADD_FAILURE() << "cannot start " << bin;
+      return -1;
+    }
+    if (background) return pid;
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // SIGTERM every daemon; each must exit 0 in time.
+  void StopAll() {
+    for (pid_t pid : pids_) ::kill(pid, SIGTERM);
+    for (pid_t& pid : pids_) {
+      int status = -1;
+      for (int i = 0; i < 200; ++i) {
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+      pid = -1;
+    }
+  }
+
+  std::string dir_;
+  std::optional<net::testing::TestPki> pki_;
+  std::vector<std::string> files_;
+  std::vector<pid_t> pids_;
+};
+
+std::vector<float> Input(int r) {
+  std::vector<float> v(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    v[i] = std::sin(0.001f * static_cast<float>(i * (r + 1))) * static_cast<float>(r + 1) +
+           0.01f * static_cast<float>(r);
+  }
+  return v;
+}
+
+TEST_P(Straitd, ThreeRegionsAllReduceThroughTheirGateways) {
+  std::vector<std::vector<float>> int8(kRegions), zstd(kRegions);
+  std::vector<Status> status(kRegions);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRegions; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t i = static_cast<size_t>(r);
+      auto client = Client::Connect(Socket(r), Deadline::AfterSeconds(20), kNames[r]);
+      if (!client.ok()) {
+        status[i] = client.status();
+        return;
+      }
+      auto q = (*client)->RegisterJob("jq", "int8", Deadline::AfterSeconds(5));
+      auto z = (*client)->RegisterJob("jz", "zstd:3", Deadline::AfterSeconds(5));
+      if (!q.ok() || !z.ok()) {
+        status[i] = q.ok() ? z.status() : q.status();
+        return;
+      }
+      int8[i] = Input(r);
+      status[i] = (*client)->AllReduce("jq", "grad", DataType::kFloat32, ReduceOp::kSum,
+                                       int8[i].data(), kCount, Deadline::AfterSeconds(30));
+      if (!status[i].ok()) return;
+      zstd[i] = Input(r);
+      status[i] = (*client)->AllReduce("jz", "grad", DataType::kFloat32, ReduceOp::kSum,
+                                       zstd[i].data(), kCount, Deadline::AfterSeconds(30));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRegions; ++r) ASSERT_TRUE(status[r].ok()) << kNames[r] << ": " << status[r];
+
+  size_t lossy_differs = 0;
+  const auto a = Input(0), b = Input(1), c = Input(2);
+  for (size_t i = 0; i < kCount; ++i) {
+    // The mesh sums in fixed rank order (regions sorted: ap, eu, us) in fp32.
+    const float want = (c[i] + b[i]) + a[i];
+    ASSERT_EQ(zstd[0][i], want) << i;
+    // int8: each of the 3 inputs and the result is within half a step of its block (absmax of
+    // the inputs <= 3.02 and of the sum <= 6.1 here, 127 steps each side).
+    ASSERT_NEAR(int8[0][i], want, 3 * 0.5 * 3.02 / 127 + 0.5 * 6.1 / 127 + 1e-4) << i;
+    lossy_differs += int8[0][i] != want;
+  }
+  EXPECT_GT(lossy_differs, kCount / 2) << "the int8 run looks lossless: was int8 used?";
+  for (int r = 1; r < kRegions; ++r) {
+    EXPECT_EQ(std::memcmp(int8[r].data(), int8[0].data(), kCount * 4), 0) << kNames[r];
+    EXPECT_EQ(std::memcmp(zstd[r].data(), zstd[0].data(), kCount * 4), 0) << kNames[r];
+  }
+
+  // A bad request gets an error, and the daemon keeps serving.
+  auto client = Client::Connect(Socket(0), Deadline::AfterSeconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  float x[2] = {1, 2};
+  Status bad = (*client)->AllReduce("unknown-job", "grad", DataType::kFloat32, ReduceOp::kSum,
+                                    x, 2, Deadline::AfterSeconds(5));
+  EXPECT_EQ(bad.code(), StatusCode::kFailedPrecondition) << bad;
+  auto garbage = (*client)->SendRawForTest({3, 0, 0, 0, 3, 0xff, 0xff}, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(garbage.ok()) << garbage.status();
+  EXPECT_NE(garbage->code, StatusCode::kOk);
+  auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->find("allreduce_ok 2\n"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("bad_requests 2\n"), std::string::npos) << *stats;
+
+  StopAll();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transport, Straitd, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& param_info) {
+                           return std::string(param_info.param ? "Tls" : "Plain");
+                         });
+
+}  // namespace
+}  // namespace strait::gateway
