@@ -205,8 +205,8 @@ net::EndpointOptions DataEndpointOptions(const LinkBenchOptions& o, const Stream
 }
 
 // Closes `link` and waits (briefly) until its close records went out and its streams closed.
-// Destroying the endpoint at once would leave the streams open until this process exits (their
-// close records still queued; see the report on lib/net), and the server would log resets.
+// Destroying the endpoint at once would also close them (it waits up to half a second for close
+// records), but the next measurement should not start while this link's streams still drain.
 void CloseAndDrain(net::Link& link) {
   link.Close();
   const Deadline deadline = Deadline::AfterSeconds(kDrainSeconds);

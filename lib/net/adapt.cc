@@ -29,10 +29,18 @@ CodecChoice ChooseCodec(const LinkEstimates& link, std::span<const CodecProfile>
   return best;
 }
 
+int64_t PathRttNs(const LinkEstimates& link) {
+  if (link.tcp_min_rtt_ns > 0) return link.tcp_min_rtt_ns;
+  if (link.rtt_min_ns > 0) return link.rtt_min_ns;
+  if (link.tcp_rtt_ns > 0) return link.tcp_rtt_ns;
+  return link.rtt_smoothed_ns;
+}
+
 uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t current,
                           uint32_t min_bytes, uint32_t max_bytes) {
-  if (link.goodput_bytes_per_s <= 0 || link.rtt_smoothed_ns <= 0 || streams <= 0) return current;
-  const double bdp = link.goodput_bytes_per_s * static_cast<double>(link.rtt_smoothed_ns) * 1e-9;
+  const int64_t rtt_ns = PathRttNs(link);
+  if (link.goodput_bytes_per_s <= 0 || rtt_ns <= 0 || streams <= 0) return current;
+  const double bdp = link.goodput_bytes_per_s * static_cast<double>(rtt_ns) * 1e-9;
   double chunk = bdp / streams / 4;
   constexpr double kGranule = 64 * 1024;
   chunk = std::max(kGranule, std::round(chunk / kGranule) * kGranule);
@@ -47,33 +55,89 @@ StreamCountController::StreamCountController(int initial, int min_streams, int m
       max_(max_streams),
       gain_(gain),
       hold_rounds_(hold_rounds),
-      best_k_(current_) {}
+      base_k_(current_) {}
 
-int StreamCountController::Update(double goodput_bytes_per_s, bool busy) {
-  if (!busy || goodput_bytes_per_s <= 0) return current_;
-  if (hold_ > 0) {
-    // Holding at the best K: keep its goodput current so a later probe compares against now.
-    --hold_;
-    best_goodput_ = goodput_bytes_per_s;
-    if (hold_ == 0) probing_up_ = true;
-    if (hold_ == 0 && current_ < max_) ++current_;
-    return current_;
-  }
-  if (current_ == best_k_) {
-    best_goodput_ = std::max(best_goodput_, goodput_bytes_per_s);
-    if (probing_up_ && current_ < max_) ++current_;
-    return current_;
-  }
-  if (goodput_bytes_per_s > best_goodput_ * (1 + gain_)) {
-    best_k_ = current_;
-    best_goodput_ = goodput_bytes_per_s;
-    if (current_ < max_) ++current_;
-    return current_;
-  }
-  // The last stream added did not pay: go back to the best K and hold.
-  current_ = std::max(min_, best_k_);
-  probing_up_ = false;
+int StreamCountController::Double() {
+  current_ = std::min(max_, 2 * current_);
+  rounds_at_k_ = 0;
+  return current_;
+}
+
+int StreamCountController::Hold(int k) {
+  current_ = std::clamp(k, min_, max_);
+  phase_ = Phase::kHolding;
   hold_ = hold_rounds_;
+  return current_;
+}
+
+int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
+                                  double retransmissions_per_s) {
+  if (!busy || !(goodput_bytes_per_s > 0)) return current_;
+  const double goodput = goodput_bytes_per_s;
+  const double retrans = std::max(0.0, retransmissions_per_s);
+  switch (phase_) {
+    case Phase::kHolding:
+      // Keep the reference current, so that the next probe compares against now.
+      base_k_ = current_;
+      base_goodput_ = goodput;
+      base_retrans_ = retrans;
+      if (--hold_ > 0) return current_;
+      // Whether fewer streams were worse is still known from before the hold (base_gained_).
+      phase_ = Phase::kGrowing;
+      rounds_at_k_ = kRoundsPerStep;  // the hold measured this K
+      if (current_ < max_) return Double();
+      return current_;
+
+    case Phase::kGrowing:
+      ++rounds_at_k_;
+      if (current_ == base_k_ || base_goodput_ <= 0) {
+        // The starting point. Its first round follows the link's start-up, whose slow-start
+        // overshoot reads high (and would make the first doubling look useless): the second
+        // round is the reference.
+        base_k_ = current_;
+        base_goodput_ = goodput;
+        base_retrans_ = retrans;
+        base_gained_ = false;
+        if (rounds_at_k_ < kRoundsPerStep && current_ < max_) return current_;
+        if (current_ >= max_) return Hold(current_);
+        return Double();
+      }
+      if (goodput >= base_goodput_ * (1 + gain_)) {
+        base_k_ = current_;
+        base_goodput_ = goodput;
+        base_retrans_ = retrans;
+        base_gained_ = true;
+        if (current_ >= max_) return Hold(current_);
+        return Double();
+      }
+      if (rounds_at_k_ < kRoundsPerStep) {
+        // One more round before giving up on it: streams that just joined may still be ramping
+        // up, and the others were disturbed by their start. The better round counts.
+        return current_;
+      }
+      // The doubling did not pay. Streams fighting over one queue show as more
+      // retransmissions for the same goodput: then fewer streams may do as well, unless the
+      // base was itself reached by a doubling that paid (half of it is known to be worse).
+      if (!base_gained_ && retrans > base_retrans_ * (1 + kRetransRise) + kRetransFloorPerS &&
+          base_k_ > min_) {
+        phase_ = Phase::kShrinking;
+        current_ = std::max(min_, base_k_ / 2);
+        return current_;
+      }
+      return Hold(base_k_);
+
+    case Phase::kShrinking:
+      if (goodput >= base_goodput_ * (1 - kDownTolerance)) {
+        // As good with fewer streams: keep it; the reference stays the best goodput seen so
+        // that a run of steps down cannot lose more than kDownTolerance in all.
+        base_k_ = current_;
+        base_retrans_ = retrans;
+        if (current_ <= min_) return Hold(current_);
+        current_ = std::max(min_, current_ / 2);
+        return current_;
+      }
+      return Hold(base_k_);
+  }
   return current_;
 }
 

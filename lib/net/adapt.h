@@ -40,35 +40,73 @@ CodecChoice ChooseCodec(const LinkEstimates& link, std::span<const CodecProfile>
                         std::span<const CodecId> allowed, uint64_t message_bytes,
                         double fallback_bytes_per_s = 125e6);
 
+// The round-trip time of the path itself: the kernel's minimum RTT over the streams
+// (tcp_min_rtt_ns), else the minimum ping RTT, else the smoothed kernel or ping RTT. Pings queue
+// behind up to max_inflight_per_stream of data, so their smoothed RTT measures this link's own
+// queue, not the path. 0 when nothing was measured. Pure.
+int64_t PathRttNs(const LinkEstimates& link);
+
 // Chunk size that keeps each of the `streams` streams' pipes full without making a resend after a
-// stream death expensive: a quarter of one stream's share of the bandwidth-delay product, rounded
-// to a multiple of 64 KiB and clamped to [min_bytes, max_bytes]. Without estimates it returns
-// `current`. Pure; thread-safe.
+// stream death expensive: a quarter of one stream's share of the bandwidth-delay product
+// (goodput x PathRttNs), rounded to a multiple of 64 KiB and clamped to [min_bytes, max_bytes].
+// Without estimates it returns `current`. Pure; thread-safe.
 uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t current,
                           uint32_t min_bytes, uint32_t max_bytes);
 
-// Decides K, the number of streams, by hill climbing on goodput: add a stream while each added
-// stream raised goodput by more than `gain` (a fraction, default 5%); when one did not, go back
-// to the best K seen and hold there for `hold_rounds` rounds before probing again. Only rounds in
-// which the link was busy (had a backlog) count. Not thread-safe; one per link.
+// Decides K, the number of streams, from one measurement round at a time (goodput and TCP
+// retransmissions per second while the link was busy; idle rounds change nothing):
+//   - Growing: K doubles (capped at max_streams) while each doubling raised goodput by at least
+//     `gain` (default 10%) in one of its two rounds (the first round after a change is
+//     disturbed by the streams that joined; the starting K's reference is its second round).
+//     Per-flow caps and loss-bound congestion control (cubic at 1% loss needs tens of streams)
+//     are linear in K, so doubling reaches the right order in a few rounds where +1 per round
+//     would stall: a 17th stream adds only 1/16.
+//   - A doubling that did not pay goes back to the K before it. If it also raised the
+//     retransmission rate (by more than a quarter), the streams were fighting over a queue
+//     rather than a cap, and unless that K was itself reached by a doubling that paid, the
+//     controller probes downwards: K/2, K/4, ... while goodput stays within 3% of the best, so
+//     that BBR, which fills a path with one stream, settles low.
+//   - Then it holds for `hold_rounds` rounds (tracking the goodput there) and probes upwards
+//     again, as conditions may have changed.
+// Never leaves [min_streams, max_streams]. Not thread-safe; one per link.
 class StreamCountController {
  public:
-  StreamCountController(int initial, int min_streams, int max_streams, double gain = 0.05,
+  StreamCountController(int initial, int min_streams, int max_streams, double gain = 0.10,
                         int hold_rounds = 20);
   // One measurement round at the current K; returns the K to use next.
-  int Update(double goodput_bytes_per_s, bool busy);
+  int Update(double goodput_bytes_per_s, bool busy, double retransmissions_per_s = 0);
   int streams() const { return current_; }
 
+  // Rounds a K gets before it is judged not to pay (it pays as soon as one round does), and
+  // rounds the starting K is measured (the last one counts).
+  static constexpr int kRoundsPerStep = 2;
+  // A step down is kept while goodput stays within this fraction of the best seen.
+  static constexpr double kDownTolerance = 0.03;
+  // A doubling that raised retransmissions per second by more than this fraction (and by at
+  // least kRetransFloorPerS) without paying in goodput starts a downward probe.
+  static constexpr double kRetransRise = 0.25;
+  static constexpr double kRetransFloorPerS = 5;
+
  private:
+  enum class Phase { kGrowing, kShrinking, kHolding };
+
+  int Hold(int k);
+  int Double();
+
   int current_;
   int min_;
   int max_;
   double gain_;
   int hold_rounds_;
+  Phase phase_ = Phase::kGrowing;
   int hold_ = 0;
-  int best_k_;
-  double best_goodput_ = 0;
-  bool probing_up_ = true;
+  // The K a step started from and what it measured (no measurement yet: goodput 0).
+  int base_k_;
+  double base_goodput_ = 0;
+  double base_retrans_ = 0;
+  // The base was reached by a doubling that paid, so K/2 is known to do worse.
+  bool base_gained_ = false;
+  int rounds_at_k_ = 0;  // busy rounds measured at the current K while growing
 };
 
 }  // namespace strait::net

@@ -12,11 +12,14 @@ struct LinkEstimates {
   // send (an idle link keeps its last estimate instead of decaying to zero). 0 = not measured.
   double goodput_bytes_per_s = 0;
   // Round-trip time from ping/pong records, which queue behind data in the stream (so this is
-  // the RTT a chunk sees). 0 = not measured yet.
+  // the RTT a chunk sees, not the path's: see PathRttNs in adapt.h). 0 = not measured yet.
   int64_t rtt_min_ns = 0;
   int64_t rtt_smoothed_ns = 0;
   // The kernel's smoothed RTT (TCP_INFO tcpi_rtt) averaged over the streams up; 0 if unknown.
   int64_t tcp_rtt_ns = 0;
+  // The kernel's minimum RTT (TCP_INFO tcpi_min_rtt), the least over every stream this link had:
+  // the path's propagation delay, free of the queue the link builds. 0 if unknown.
+  int64_t tcp_min_rtt_ns = 0;
   // TCP retransmissions (TCP_INFO tcpi_total_retrans) summed over every stream this link ever
   // had, including closed ones.
   uint64_t tcp_retransmissions = 0;

@@ -7,8 +7,10 @@
 // ("Cannot represent a difference across sections"), and CI builds exactly that.
 //
 // Ownership: a StreamConn is kept alive by its pending handlers and by its link's slot table; it
-// holds its LinkCore until it goes down (that cycle is broken in StreamDown). A LinkCore is kept
-// by its user handles, by the endpoint's registry (until it fails or closes), and by its streams.
+// holds its LinkCore until it goes down (that cycle is broken in Drop). A LinkCore is kept by its
+// user handles, by the endpoint's registry (until it fails or closes and its last stream, which
+// may still be writing a close record, is dropped), and by its streams. Endpoint shutdown drops
+// every stream of every link still registered, so no cycle outlives the endpoint.
 // The Runtime (io_context + thread) is kept by the Endpoint and by every Link handle, never by
 // anything that lives inside the io_context, so that nothing keeps itself alive.
 #include "net/link.h"
@@ -48,9 +50,11 @@ using TlsStream = asio::ssl::stream<tcp::socket>;
 constexpr int64_t kTickNs = 50'000'000;
 constexpr int64_t kGoodputWindowNs = 250'000'000;
 // An adaptation round lasts max(kAdaptWindowNs, 10 RTT); after K changed, the new streams get
-// max(kSettleNs, 4 RTT) to leave slow start before a round measures them.
+// max(kSettleNs, 4 RTT) to leave slow start before a round measures them. 1.5 s: at 100 ms RTT
+// the start-up of four new BBR streams behind a per-flow policer disturbed the pool's goodput
+// for over a second, and a round measured inside that judged the doubling useless.
 constexpr int64_t kAdaptWindowNs = 1'000'000'000;
-constexpr int64_t kSettleNs = 500'000'000;
+constexpr int64_t kSettleNs = 1'500'000'000;
 // A round counts only when the link had a backlog at this fraction of its ticks.
 constexpr double kBusyFraction = 0.75;
 // Endpoint shutdown waits this long for close records to go out before dropping the streams.
@@ -274,7 +278,12 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
 
   void StartAccepting(std::unique_ptr<tcp::acceptor> acceptor);
   void Register(const std::shared_ptr<LinkCore>& link);
+  // A link ended. One whose streams are still writing their close records stays in ended_
+  // until the last of them is dropped (Released), so that endpoint shutdown waits for them
+  // and then drops them: otherwise nothing would, and the StreamConn <-> LinkCore cycle would
+  // keep their sockets open.
   void Unregister(LinkCore* link);
+  void Released(LinkCore* link);
   // Endpoint shutdown: close records on every stream (BeginShutdown), then, once they went out
   // or the grace period passed, every stream dropped (FinishShutdown).
   void BeginShutdown();
@@ -303,6 +312,7 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<LinkCore>> sessions_;
   std::vector<std::shared_ptr<LinkCore>> links_;
   std::set<std::shared_ptr<StreamConn>> handshaking_;
+  std::vector<std::shared_ptr<LinkCore>> ended_;    // ended links with streams still up
   std::vector<std::shared_ptr<LinkCore>> closing_;  // links ended by shutdown, still draining
   mutable std::mutex counters_mu_;
   EndpointCounters counters_;
@@ -453,7 +463,8 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   }
 
   // Endpoint shutdown: fail everything and tell the peer (so that it does not redial); the
-  // streams go once their close records are written, or at DropAllStreams.
+  // streams go once their close records are written, or at DropAllStreams. A link that already
+  // ended (Close) is left to finish its close records; DropAllStreams still drops its streams.
   void Shutdown() {
     CloseNow(CloseReason::kShutdown,
              UnavailableError("link to " + peer_name_ + " closed: endpoint shut down"));
@@ -630,7 +641,10 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     }
     stream->link.reset();  // breaks the link <-> stream cycle
     --streams_up_;
-    if (streams_up_ == 0) no_streams_since_ = MonotonicNanos();
+    if (streams_up_ == 0) {
+      no_streams_since_ = MonotonicNanos();
+      if (state_ != State::kActive) endpoint_->Released(this);
+    }
     return true;
   }
 
@@ -886,6 +900,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
           tcp_rtt_sum += info->rtt_ns;
           ++tcp_rtt_n;
         }
+        if (info->min_rtt_ns > 0) {
+          est_.tcp_min_rtt_ns = est_.tcp_min_rtt_ns == 0
+                                    ? info->min_rtt_ns
+                                    : std::min(est_.tcp_min_rtt_ns, info->min_rtt_ns);
+        }
       }
     }
     est_.tcp_retransmissions = retrans;
@@ -923,13 +942,15 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     Publish();
   }
 
-  // The propagation RTT, as well as pings measure it: the bandwidth-delay product and the
-  // adaptation windows are about the path, not about queues this link builds itself.
-  int64_t BaseRttNs() const { return est_.rtt_min_ns > 0 ? est_.rtt_min_ns : est_.rtt_smoothed_ns; }
+  // The propagation RTT (the kernel's minimum, else the least ping RTT): the bandwidth-delay
+  // product and the adaptation windows are about the path, not about queues this link builds
+  // itself (pings wait behind up to max_inflight_per_stream of data).
+  int64_t BaseRttNs() const { return PathRttNs(est_); }
 
   void StartAdaptRound(int64_t at_ns) {
     adapt_start_ns_ = at_ns;
     adapt_start_acked_ = est_.bytes_acked;
+    adapt_start_retrans_ = est_.tcp_retransmissions;
     adapt_ticks_ = 0;
     adapt_backlog_ticks_ = 0;
   }
@@ -958,26 +979,32 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     if (elapsed < std::max<int64_t>(kAdaptWindowNs, 10 * BaseRttNs())) return;
     const double goodput = static_cast<double>(est_.bytes_acked - adapt_start_acked_) * 1e9 /
                            static_cast<double>(elapsed);
+    // Retransmissions of streams retired during the round are counted at their close, so the
+    // total never goes back; the guard is for a kernel that resets it.
+    const uint64_t retrans_now = est_.tcp_retransmissions;
+    const double retrans = retrans_now > adapt_start_retrans_
+                               ? static_cast<double>(retrans_now - adapt_start_retrans_) * 1e9 /
+                                     static_cast<double>(elapsed)
+                               : 0.0;
     const bool busy = adapt_backlog_ticks_ >= kBusyFraction * adapt_ticks_;
     StartAdaptRound(now);
-    Adapt(now, goodput, busy);
+    Adapt(now, goodput, retrans, busy);
   }
 
-  void Adapt(int64_t now, double goodput, bool busy) {
+  void Adapt(int64_t now, double goodput, double retrans_per_s, bool busy) {
     if (options_.adapt_chunk && busy) {
-      LinkEstimates path = est_;
-      path.rtt_smoothed_ns = BaseRttNs();
       const int k = role_ == Role::kDialer ? target_streams_ : streams_up_;
-      chunk_bytes_ = ChooseChunkBytes(path, std::max(1, k), chunk_bytes_,
+      chunk_bytes_ = ChooseChunkBytes(est_, std::max(1, k), chunk_bytes_,
                                       options_.min_chunk_bytes, options_.max_chunk_bytes);
     }
     if (role_ == Role::kDialer && options_.adapt_streams) {
-      const int next = controller_.Update(goodput, busy);
+      const int next = controller_.Update(goodput, busy, retrans_per_s);
       const int old = target_streams_;
       if (next != old) {
         STRAIT_LOG(kInfo, "net") << "link to " << peer_name_ << ": " << old << " -> " << next
-                                 << " streams (goodput " << FormatRate(goodput * 8) << " with "
-                                 << old << ")";
+                                 << " streams (goodput " << FormatRate(goodput * 8) << ", "
+                                 << static_cast<int64_t>(retrans_per_s)
+                                 << " retransmissions/s with " << old << ")";
         ResizePool(next, now);
       }
     }
@@ -1107,6 +1134,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   int64_t settle_began_ns_ = 0;
   int64_t adapt_start_ns_ = 0;
   uint64_t adapt_start_acked_ = 0;
+  uint64_t adapt_start_retrans_ = 0;
   int adapt_ticks_ = 0;
   int adapt_backlog_ticks_ = 0;
   bool dial_warned_ = false;
@@ -1294,13 +1322,24 @@ void EndpointCore::Unregister(LinkCore* link) {
       break;
     }
   }
-  // Deferred: the caller is a member function of `link`, which this may be the last owner of.
   auto it = std::find_if(links_.begin(), links_.end(),
                          [link](const auto& l) { return l.get() == link; });
-  if (it != links_.end()) {
+  if (it == links_.end()) return;
+  if (link->streams_up() > 0) {
+    ended_.push_back(std::move(*it));
+  } else {
+    // Deferred: the caller is a member function of `link`, which this may be the last owner of.
     asio::post(io_, [keep = std::move(*it)] {});
-    links_.erase(it);
   }
+  links_.erase(it);
+}
+
+void EndpointCore::Released(LinkCore* link) {
+  auto it = std::find_if(ended_.begin(), ended_.end(),
+                         [link](const auto& l) { return l.get() == link; });
+  if (it == ended_.end()) return;
+  asio::post(io_, [keep = std::move(*it)] {});  // deferred, as in Unregister
+  ended_.erase(it);
 }
 
 void EndpointCore::BeginShutdown() {
@@ -1311,8 +1350,12 @@ void EndpointCore::BeginShutdown() {
   }
   for (auto& stream : handshaking_) stream->Close();
   handshaking_.clear();
+  // Links that ended before (Link::Close) may still be writing close records: wait for those as
+  // well, and drop their streams with the rest.
   closing_ = links_;
+  closing_.insert(closing_.end(), ended_.begin(), ended_.end());
   for (auto& link : closing_) link->Shutdown();
+  ended_.clear();  // Shutdown() added the links it ended; closing_ holds them all
   links_.clear();
   sessions_.clear();
   on_accept_ = nullptr;

@@ -7,8 +7,8 @@
 // peer acknowledges chunks; when a stream dies its unacknowledged chunks go out on the others and
 // the dialing side redials it with exponential backoff. Each message reaches the peer's receive
 // callback exactly once, whole, and in order per channel. By default the link adapts K (more
-// streams while they raise goodput, as under per-flow caps) and the chunk size (bandwidth x RTT);
-// see LinkOptions.
+// streams while they raise goodput, as under per-flow caps or loss; fewer while that costs
+// nothing) and the chunk size (bandwidth x RTT); see LinkOptions.
 //
 // Usage:
 //   EndpointOptions options;  options.region = "us-east";  (+ CA, certificate, key, peers)
@@ -52,20 +52,23 @@ enum class Transport : uint8_t {
   kPlainTcp = 1,  // no encryption and no authentication: only for trusted test networks
 };
 
-// Adaptation is on by default (since the per-flow-cap WAN test showed it converging): K starts
-// at `streams` and grows one stream per round while each added stream raises goodput by more than
-// 5% (a round is max(1 s, 10 RTT) of busy link, measured after the new streams left slow start),
-// falls back to the best K when one does not, holds there for 20 rounds and probes again; it
-// never goes below `streams`. Streams taken out are retired (drained, no resends). The chunk size
-// follows a quarter of one stream's share of bandwidth x RTT. Set adapt_streams / adapt_chunk to
-// false for a fixed K or chunk size.
+// Adaptation is on by default (since the per-flow-cap WAN test showed it converging). A round is
+// max(1 s, 10 RTT) of busy link, measured after new streams had max(1.5 s, 4 RTT) to leave slow
+// start. K starts at `streams` and doubles each round while the doubling raised goodput by at
+// least 10% (per-flow caps and loss-bound cubic need tens of streams: 4 -> 8 -> 16 -> 32 -> 64);
+// a doubling that did not pay goes back, and if it only raised TCP retransmissions (streams
+// fighting over one queue, as BBR flows do) K halves while goodput stays within 3% of the best.
+// Then K holds for 20 rounds and probes upwards again; it stays within [min_streams,
+// max_streams]. Streams taken out are retired (drained, no resends). The chunk size follows a
+// quarter of one stream's share of bandwidth x path RTT (the kernel's minimum RTT). Set
+// adapt_streams / adapt_chunk to false for a fixed K or chunk size. See StreamCountController.
 struct LinkOptions {
   // K, the number of streams a dialed link opens (1..64). With adapt_streams it is the start,
   // and must lie within [min_streams, max_streams].
   int streams = 4;
-  bool adapt_streams = true;  // hill-climb K on goodput between `streams` and max_streams
+  bool adapt_streams = true;  // adapt K on goodput within [min_streams, max_streams]
   int min_streams = 1;
-  int max_streams = 16;
+  int max_streams = 64;
   // Chunk size cut from messages; with adapt_chunk it is the start, then follows bandwidth x RTT
   // within [min_chunk_bytes, max_chunk_bytes]. At most 16 MiB.
   uint32_t chunk_bytes = 256 * 1024;

@@ -1,12 +1,14 @@
 // setsockopt/getsockopt wrappers for WAN streams (see socket_options.h).
 #include "net/socket_options.h"
 
+// <linux/tcp.h> rather than <netinet/tcp.h>: glibc's struct tcp_info stops before tcpi_min_rtt.
+#include <linux/tcp.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -74,6 +76,12 @@ StatusOr<TcpInfo> ReadTcpInfo(int fd) {
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return Errno("TCP_INFO");
   TcpInfo out;
   out.rtt_ns = static_cast<int64_t>(info.tcpi_rtt) * 1000;
+  // Older kernels return a shorter struct: the field is then absent, not zero. Before its
+  // first sample the kernel reports ~0U.
+  if (len >= offsetof(tcp_info, tcpi_min_rtt) + sizeof(info.tcpi_min_rtt) &&
+      info.tcpi_min_rtt != 0 && info.tcpi_min_rtt != ~0u) {
+    out.min_rtt_ns = static_cast<int64_t>(info.tcpi_min_rtt) * 1000;
+  }
   out.total_retrans = info.tcpi_total_retrans;
   return out;
 }

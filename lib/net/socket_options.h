@@ -23,7 +23,8 @@ Status SetNotSentLowat(int fd, uint32_t bytes);
 Status SetNoDelay(int fd);
 
 struct TcpInfo {
-  int64_t rtt_ns = 0;
+  int64_t rtt_ns = 0;      // smoothed (tcpi_rtt)
+  int64_t min_rtt_ns = 0;  // windowed minimum (tcpi_min_rtt; Linux 4.6+)
   uint64_t total_retrans = 0;
 };
 // Reads TCP_INFO; zeros where the kernel does not say.

@@ -1,8 +1,9 @@
-// Tests of the link's pure decisions: codec choice, chunk sizing, stream-count hill climbing.
+// Tests of the link's pure decisions: codec choice, chunk sizing, the stream-count controller.
 #include "net/adapt.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace strait::net {
@@ -72,21 +73,123 @@ TEST(ChooseChunkBytes, FollowsBandwidthDelayProduct) {
   EXPECT_EQ(ChooseChunkBytes(LinkEstimates{}, 4, 12345, 64 << 10, 4 << 20), 12345u);
 }
 
-TEST(StreamCountController, GrowsWhileGoodputGrowsThenSettles) {
-  StreamCountController k(1, 1, 16, 0.05, 10);
-  // Goodput grows linearly up to 4 streams, then flat.
-  auto goodput = [](int streams) { return 100.0 * std::min(streams, 4); };
-  int streams = k.streams();
-  for (int round = 0; round < 8; ++round) streams = k.Update(goodput(streams), true);
-  EXPECT_EQ(streams, 4);
-  EXPECT_EQ(k.Update(goodput(streams), false), 4);  // idle rounds change nothing
+TEST(ChooseChunkBytes, UsesThePathRttNotTheQueueBehindWhichPingsWait) {
+  // Pings queued behind 8 MiB per stream read 700 ms on a 100 ms path; the kernel's minimum
+  // RTT (or, without it, the least ping RTT) is the path.
+  LinkEstimates e = WithGoodput(125e6, 700'000'000);
+  e.rtt_min_ns = 120'000'000;
+  e.tcp_rtt_ns = 400'000'000;
+  e.tcp_min_rtt_ns = 100'000'000;
+  EXPECT_EQ(PathRttNs(e), 100'000'000);
+  EXPECT_EQ(ChooseChunkBytes(e, 4, 1, 64 << 10, 4 << 20), 768u << 10);
+  e.tcp_min_rtt_ns = 0;
+  EXPECT_EQ(PathRttNs(e), 120'000'000);
+  e.rtt_min_ns = 0;
+  EXPECT_EQ(PathRttNs(e), 400'000'000);
+  e.tcp_rtt_ns = 0;
+  EXPECT_EQ(PathRttNs(e), 700'000'000);
 }
 
-TEST(StreamCountController, ShrinksBackWhenAnAddedStreamDoesNotPay) {
-  StreamCountController k(4, 1, 16, 0.05, 100);
-  EXPECT_EQ(k.Update(400, true), 5);
-  EXPECT_EQ(k.Update(401, true), 4);  // +0.25%: not worth a stream
+// Runs the controller against a goodput (and retransmission) model for `rounds` busy rounds;
+// returns the K visited after each round.
+template <typename Goodput, typename Retrans>
+std::vector<int> RunRounds(StreamCountController& k, int rounds, Goodput goodput, Retrans retrans) {
+  std::vector<int> visited;
+  for (int round = 0; round < rounds; ++round) {
+    const int streams = k.streams();
+    visited.push_back(k.Update(goodput(streams), true, retrans(streams)));
+  }
+  return visited;
+}
+
+auto NoRetrans = [](int) { return 0.0; };
+
+TEST(StreamCountController, DoublesWhileGoodputGrowsThenSettlesOnTheBest) {
+  StreamCountController k(1, 1, 64, 0.10, 10);
+  // A per-flow cap: goodput linear up to 5 streams, then flat.
+  auto goodput = [](int streams) { return 100.0 * std::min(streams, 5); };
+  const std::vector<int> visited = RunRounds(k, 8, goodput, NoRetrans);
+  // Two rounds at the start, then 1 -> 2 -> 4 -> 8 (+25%) -> 16 (+0% in both of its rounds):
+  // back to 8, and hold.
+  EXPECT_EQ(visited, (std::vector<int>{1, 2, 4, 8, 16, 16, 8, 8}));
+  EXPECT_EQ(k.Update(goodput(8), false), 8);  // idle rounds change nothing
+  EXPECT_EQ(k.Update(0, true), 8);            // nor rounds without a measurement
+}
+
+TEST(StreamCountController, ReachesTensOfStreamsWhenEachStreamIsLossBound) {
+  // Cubic at 1% loss on a 100 ms path: ~1.7 Mbit/s per stream up to the link's 96.
+  StreamCountController k(4, 1, 64, 0.10, 10);
+  auto goodput = [](int streams) { return std::min(1.7e6 * streams, 96e6) / 8; };
+  auto retrans = [](int streams) { return 15.0 * streams; };  // proportional: no fight
+  const std::vector<int> visited = RunRounds(k, 7, goodput, retrans);
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 16, 32, 64, 64, 64}));
+}
+
+TEST(StreamCountController, MaxStreamsCapsTheDoubling) {
+  StreamCountController k(1, 1, 10, 0.10, 10);
+  auto goodput = [](int streams) { return 100.0 * streams; };
+  EXPECT_EQ(RunRounds(k, 7, goodput, NoRetrans), (std::vector<int>{1, 2, 4, 8, 10, 10, 10}));
+}
+
+TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  EXPECT_EQ(k.Update(450, true), 4);  // the start-up round: not the reference
+  EXPECT_EQ(k.Update(400, true), 8);
+  EXPECT_EQ(k.Update(420, true), 8);  // +5%: one more round
+  EXPECT_EQ(k.Update(430, true), 4);  // +7.5%: not worth four more streams
   EXPECT_EQ(k.Update(400, true), 4);  // holds
+  EXPECT_EQ(k.Update(400, true), 4);
+}
+
+TEST(StreamCountController, ProbesDownWhenMoreStreamsOnlyAddRetransmissions) {
+  // BBR: one stream fills the path; more streams only fight over the queue.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  auto goodput = [](int) { return 12e6; };
+  auto retrans = [](int streams) { return 40.0 * streams; };
+  const std::vector<int> visited = RunRounds(k, 7, goodput, retrans);
+  // 4 -> 8 (no gain, twice the retransmissions) -> back below 4: 2, 1 (as good) -> hold at 1.
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 1, 1, 1}));
+}
+
+TEST(StreamCountController, StopsProbingDownWhereGoodputDrops) {
+  // A per-flow cap at a quarter of the link, with retransmissions that grow past it.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  auto goodput = [](int streams) { return 100.0 * std::min(streams, 4); };
+  auto retrans = [](int streams) { return streams > 4 ? 100.0 * streams : 10.0; };
+  const std::vector<int> visited = RunRounds(k, 6, goodput, retrans);
+  // 4 -> 8 (no gain, more retransmissions) -> 2 (half the goodput) -> back to 4, hold.
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 4, 4}));
+}
+
+TEST(StreamCountController, DoesNotProbeBelowAKThatPaid) {
+  // 16 -> 32 paid; 64 adds only retransmissions (a full queue), but 16 is known to be worse.
+  StreamCountController k(16, 1, 64, 0.10, 100);
+  auto goodput = [](int streams) { return 100.0 * std::min(streams, 32); };
+  auto retrans = [](int streams) { return streams > 32 ? 1000.0 : 10.0; };
+  EXPECT_EQ(RunRounds(k, 6, goodput, retrans), (std::vector<int>{16, 32, 64, 64, 32, 32}));
+}
+
+TEST(StreamCountController, ProbesUpAgainAfterHolding) {
+  StreamCountController k(4, 1, 64, 0.10, 3);
+  int cap = 4;  // conditions change while it holds: the cap moves from 4 to 16 streams
+  auto goodput = [&cap](int streams) { return 100.0 * std::min(streams, cap); };
+  EXPECT_EQ(RunRounds(k, 4, goodput, NoRetrans), (std::vector<int>{4, 8, 8, 4}));
+  cap = 16;
+  // Holds three rounds at 4, then doubles while it pays: 8, 16, then 32 does not.
+  EXPECT_EQ(RunRounds(k, 8, goodput, NoRetrans),
+            (std::vector<int>{4, 4, 8, 16, 32, 32, 16, 16}));
+}
+
+TEST(StreamCountController, StaysWithinItsBounds) {
+  StreamCountController k(8, 4, 12, 0.10, 2);
+  auto goodput = [](int) { return 100.0; };
+  auto retrans = [](int streams) { return 50.0 * streams; };
+  for (int k_next : RunRounds(k, 20, goodput, retrans)) {
+    EXPECT_GE(k_next, 4);
+    EXPECT_LE(k_next, 12);
+  }
+  StreamCountController clamped(100, 1, 16);
+  EXPECT_EQ(clamped.streams(), 16);
 }
 
 }  // namespace

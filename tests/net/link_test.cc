@@ -10,6 +10,7 @@
 #include <asio/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -152,6 +153,10 @@ class NetLink : public ::testing::Test {
 
 // A listening "us" endpoint that collects what accepted links receive.
 struct Server {
+  // The endpoint first: its I/O thread may still be delivering into `received` (a send
+  // completes once acknowledged, which may be before the receive callback returned).
+  ~Server() { endpoint.reset(); }
+
   std::unique_ptr<Endpoint> endpoint;
   uint16_t port = 0;
   Collector received;
@@ -499,6 +504,46 @@ TEST_F(NetLink, EndpointShutdownTellsPeersSoThatTheyDoNotRedial) {
   EXPECT_NE(s.message().find("closed the link"), std::string::npos) << s;
   EXPECT_LT(clock.ElapsedSeconds(), 3.0);
   EXPECT_EQ((*link)->Estimates().stream_failures, 0u) << "the streams closed, none failed";
+}
+
+// Open file descriptors of this process (sockets included).
+size_t OpenFds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(NetLink, CloseThenImmediateEndpointDestructionClosesEveryStream) {
+  const size_t fds_before = OpenFds();
+  {
+    Server server;
+    ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
+    EndpointOptions options = Options("eu", eu_, {"us"});
+    options.link.unreachable_after_ns = 30'000'000'000;  // what a peer would wait without a close
+    auto client = Endpoint::Create(options, nullptr);
+    ASSERT_TRUE(client.ok());
+    auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
+    ASSERT_TRUE(link.ok());
+    ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+    ASSERT_TRUE((*link)->SendAndWait(0, Pattern(1000, 1), Deadline::AfterSeconds(10)).ok());
+    // Close() leaves the close records being written; the destructor must still see them out
+    // and close the streams, not leave them to a StreamConn <-> LinkCore cycle.
+    (*link)->Close();
+    client->reset();
+    link->reset();  // the last handle: the I/O context goes with it
+    std::shared_ptr<Link> accepted = server.link(0);
+    ASSERT_NE(accepted, nullptr);
+    const Status s = accepted->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5));
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("closed the link"), std::string::npos) << s;
+    EXPECT_EQ(accepted->Estimates().stream_failures, 0u) << "a stream was reset, not closed";
+    EXPECT_EQ(server.endpoint->Counters().links_accepted, 1u);
+  }
+  // Both endpoints and every handle are gone: so must be every socket.
+  EXPECT_TRUE(Eventually([&] { return OpenFds() <= fds_before; }, 5))
+      << OpenFds() - fds_before << " descriptors leaked";
 }
 
 TEST_F(NetLink, RedialFailuresWarnOnceThenLogAtDebug) {
