@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/allreduce_bench.h"
 #include "bench/bench_common.h"
 #include "bench/codec_bench.h"
 #include "bench/link_bench.h"
@@ -28,6 +29,8 @@ constexpr Command kCommands[] = {
      &strait::bench::SetupCodecCommand},
     {"link", "WAN link goodput per stream count, RTT, retransmissions, codecs on the link",
      &strait::bench::SetupLinkCommand},
+    {"allreduce", "Cross-region all-reduce through straitd on emulated links, beside a ring",
+     &strait::bench::SetupAllReduceCommand},
 };
 
 }  // namespace

@@ -1,0 +1,30 @@
+// `strait-bench allreduce`: cross-region all-reduce through real straitd gateways, on links
+// emulated by strait-wanem (root) or on 127.0.0.1 (no root, or --loopback), beside the link
+// bound of DESIGN's performance model and, with --baseline ring, an uncompressed flat TCP ring.
+//
+// What runs (sidecar mode): one straitd per rank; rank r of region R talks to its own straitd
+// (shard index r), and the straitds with the same shard index across regions form a mesh. With
+// no NCCL here, the intra-region reduce-scatter / all-gather are not run: rank r of a region
+// holds slice r of its region's tensor (as after a reduce-scatter) and all-reduces that slice
+// across regions through its gateway. The ranks and the straitds are processes: the ranks are
+// this binary re-executed in a hidden rank mode, each inside its region's network namespace
+// (`ip netns exec`) when emulating.
+//
+// Checked every run: each rank's result against an fp64 reference of the sum (lossless codecs:
+// within fp32 rounding; lossy: within the codec's per-block step bound, error feedback
+// included), and every region's copy of each slice bit for bit against the others.
+#ifndef STRAIT_BENCH_ALLREDUCE_BENCH_H_
+#define STRAIT_BENCH_ALLREDUCE_BENCH_H_
+
+#include <CLI/CLI.hpp>
+
+#include "bench/bench_common.h"
+
+namespace strait::bench {
+
+// Adds `allreduce`'s flags (and its hidden rank-mode flags) to `cmd`.
+CommandMain SetupAllReduceCommand(CLI::App& cmd);
+
+}  // namespace strait::bench
+
+#endif  // STRAIT_BENCH_ALLREDUCE_BENCH_H_

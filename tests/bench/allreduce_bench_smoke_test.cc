@@ -1,0 +1,105 @@
+// Smoke test of `strait-bench allreduce --loopback`: three regions of two ranks on 127.0.0.1,
+// each rank a process with its own straitd, 1 MiB for two iterations, with and without the ring
+// baseline. Checks the exit status and the --json fields (correctness verdicts included: no
+// wrong element, bit-identical ranks); never a speed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs strait-bench with `args`, stdout captured (stderr goes to the test's log).
+Result RunBench(const std::vector<std::string>& args) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    std::string bin = STRAIT_BENCH_BINARY;
+    argv.push_back(bin.data());
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  Result r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::vector<std::string> Common(const std::string& codec) {
+  return {"allreduce", "--loopback", "--size",       "1MiB",      "--iters", "2",     "--codec",
+          codec,       "--straitd",  STRAITD_BINARY, "--timeout", "30",      "--json"};
+}
+
+TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
+  std::vector<std::string> args = Common("int8");
+  args.insert(args.end(), {"--baseline", "ring"});
+  const Result r = RunBench(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["command"], "allreduce");
+  EXPECT_EQ(j["regions"], 3);
+  EXPECT_EQ(j["ranks_per_region"], 2);
+  EXPECT_EQ(j["size_bytes"], 1 << 20);
+  EXPECT_EQ(j["count"], 1 << 18);
+  EXPECT_EQ(j["emulated"], false);
+  EXPECT_TRUE(j["link"].is_null());
+  EXPECT_TRUE(j["loopback_reason"].is_string());
+  // int8 on the wire: about 4x smaller than fp32 (scales included), measured from the gateways.
+  EXPECT_GT(j["codec_ratio"].get<double>(), 3.0);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  for (const auto& run : j["runs"]) {
+    EXPECT_GT(run["time_s"].get<double>(), 0.0) << run;
+    EXPECT_GT(run["algbw_gbs"].get<double>(), 0.0) << run;
+    EXPECT_GT(run["busbw_gbs"].get<double>(), run["algbw_gbs"].get<double>()) << run;
+    EXPECT_EQ(run["wrong"], 0) << run;
+    EXPECT_EQ(run["identical"], true) << run;
+    EXPECT_TRUE(run["bound_s"].is_null()) << "no bound on loopback: " << run;
+    EXPECT_TRUE(run.contains("max_error"));
+  }
+  EXPECT_EQ(j["runs"][0]["policy"].get<std::string>().rfind("int8", 0), 0u) << j["runs"][0];
+  // int8 is lossy, the uncompressed ring is not.
+  EXPECT_GT(j["runs"][0]["max_error"].get<double>(), 0.0);
+  EXPECT_LT(j["runs"][1]["max_error"].get<double>(), 1e-5);
+  EXPECT_GT(j["baseline_over_mesh"].get<double>(), 0.0);
+}
+
+TEST(AllReduceBench, LoopbackZstdMeshIsExactToFp32Rounding) {
+  const Result r = RunBench(Common("zstd"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_EQ(j["runs"][0]["policy"].get<std::string>().rfind("zstd", 0), 0u) << j["runs"][0];
+  EXPECT_EQ(j["runs"][0]["wrong"], 0);
+  EXPECT_LT(j["runs"][0]["max_error"].get<double>(), 1e-5);
+  EXPECT_TRUE(j["baseline_over_mesh"].is_null());
+}
+
+TEST(AllReduceBench, BadFlagsAreUsageErrors) {
+  EXPECT_EQ(RunBench({"allreduce", "--baseline", "tree"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--regions", "1"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--size", "1026"}).exit_code, 2);
+}
+
+}  // namespace
