@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,32 @@ std::vector<std::string> SplitList(std::string_view text) {
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
     if (!item.empty()) out.emplace_back(item);
     pos = comma + 1;
+  }
+  return out;
+}
+
+std::string Fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+std::string AlignColumns(const std::vector<std::vector<std::string>>& rows, size_t left) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      if (c > 0) line += "  ";
+      const std::string pad(width[c] - r[c].size(), ' ');
+      line += c < left ? r[c] + pad : pad + r[c];
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + '\n';
   }
   return out;
 }

@@ -50,6 +50,12 @@ CLI::Validator UintValidator(uint64_t min, uint64_t max);
 // Splits "a,b,,c" into {"a", "b", "c"}, trimming spaces.
 std::vector<std::string> SplitList(std::string_view text);
 
+// `v` with `decimals` digits after the point ("%.*f").
+std::string Fixed(double v, int decimals);
+// Left-aligns the first `left` columns and right-aligns the rest, two spaces apart; one row per
+// line, trailing spaces removed. Rows may have different lengths.
+std::string AlignColumns(const std::vector<std::vector<std::string>>& rows, size_t left);
+
 // "AMD EPYC 9654 96-Core Processor" from /proc/cpuinfo, or "unknown".
 std::string CpuModelName();
 // "2026-11-29T18:48:58Z".

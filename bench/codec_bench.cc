@@ -43,12 +43,6 @@ inline void Clobber(const void* p) {
   asm volatile("" : : "r"(p) : "memory");
 }
 
-std::string Fixed(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
-  return buf;
-}
-
 std::string Sci(double v) {
   if (v == 0) return "0";
   char buf[64];
@@ -497,26 +491,6 @@ const char* RoundingName(Rounding r) {
   return r == Rounding::kNearest ? "nearest" : "stochastic";
 }
 
-// Left-aligns the first `left` columns and right-aligns the rest, two spaces apart.
-std::string AlignColumns(const std::vector<std::vector<std::string>>& rows, size_t left) {
-  std::vector<size_t> width;
-  for (const auto& r : rows) {
-    if (width.size() < r.size()) width.resize(r.size(), 0);
-    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
-  }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      if (c > 0) line += "  ";
-      const std::string pad(width[c] - r[c].size(), ' ');
-      line += c < left ? r[c] + pad : pad + r[c];
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + '\n';
-  }
-  return out;
-}
 
 CLI::Validator BlockSizeValidator() {
   return CLI::Validator(

@@ -56,35 +56,9 @@ constexpr double kNearBest = 0.97;
 // ChooseCodec is linear in the message size; this only names the unit of the comparison.
 constexpr uint64_t kCodecModelBytes = uint64_t{64} << 20;
 
-std::string Fixed(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
-  return buf;
-}
-
 std::string Mbit(double bps) { return Fixed(bps / 1e6, 1); }
 std::string Ms(int64_t ns) { return ns > 0 ? Fixed(static_cast<double>(ns) / 1e6, 1) : "-"; }
 
-// Left-aligns the first `left` columns and right-aligns the rest, two spaces apart.
-std::string AlignColumns(const std::vector<std::vector<std::string>>& rows, size_t left) {
-  std::vector<size_t> width;
-  for (const auto& r : rows) {
-    if (width.size() < r.size()) width.resize(r.size(), 0);
-    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
-  }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); ++c) {
-      if (c > 0) line += "  ";
-      const std::string pad(width[c] - r[c].size(), ' ');
-      line += c < left ? r[c] + pad : pad + r[c];
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + '\n';
-  }
-  return out;
-}
 
 double ProcessCpuSeconds() {
   rusage ru{};
