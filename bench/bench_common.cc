@@ -40,10 +40,14 @@ CLI::Validator SizeValidator(uint64_t min_bytes, uint64_t max_bytes) {
       "");
 }
 
-CLI::Validator IntValidator(int64_t min, int64_t max) {
+namespace {
+
+// An integer of type T in [min, max], written in decimal with nothing around it.
+template <typename T>
+CLI::Validator RangeValidator(T min, T max) {
   return CLI::Validator(
       [min, max](std::string& text) -> std::string {
-        int64_t v = 0;
+        T v = 0;
         const char* end = text.data() + text.size();
         auto [ptr, ec] = std::from_chars(text.data(), end, v);
         if (ec != std::errc() || ptr != end || v < min || v > max) {
@@ -55,20 +59,11 @@ CLI::Validator IntValidator(int64_t min, int64_t max) {
       "");
 }
 
-CLI::Validator UintValidator(uint64_t min, uint64_t max) {
-  return CLI::Validator(
-      [min, max](std::string& text) -> std::string {
-        uint64_t v = 0;
-        const char* end = text.data() + text.size();
-        auto [ptr, ec] = std::from_chars(text.data(), end, v);
-        if (ec != std::errc() || ptr != end || v < min || v > max) {
-          return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
-                 ", got '" + text + "'";
-        }
-        return std::string();
-      },
-      "");
-}
+}  // namespace
+
+CLI::Validator IntValidator(int64_t min, int64_t max) { return RangeValidator(min, max); }
+
+CLI::Validator UintValidator(uint64_t min, uint64_t max) { return RangeValidator(min, max); }
 
 std::vector<std::string> SplitList(std::string_view text) {
   std::vector<std::string> out;
