@@ -16,6 +16,7 @@ namespace strait {
 namespace {
 
 std::atomic<int> g_level{-1};  // -1: not yet read from the environment
+std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
 std::mutex g_sink_mu;
 LogSink& Sink() {
   static LogSink* sink = new LogSink();  // never destroyed: logging may run during exit
@@ -93,6 +94,75 @@ bool LogEnabled(LogLevel level) noexcept {
   return static_cast<int>(level) <= current;
 }
 
+const char* LogFormatName(LogFormat format) noexcept {
+  return format == LogFormat::kJson ? "json" : "text";
+}
+
+StatusOr<LogFormat> ParseLogFormat(std::string_view text) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "text") return LogFormat::kText;
+  if (t == "json") return LogFormat::kJson;
+  return InvalidArgumentError("log format '" + std::string(text) + "' is not one of text, json");
+}
+
+LogFormat GetLogFormat() noexcept {
+  return static_cast<LogFormat>(g_format.load(std::memory_order_relaxed));
+}
+
+void SetLogFormat(LogFormat format) noexcept {
+  g_format.store(static_cast<int>(format), std::memory_order_relaxed);
+}
+
+Status InitLogFormatFromEnv() {
+  const char* env = std::getenv("STRAIT_LOG_FORMAT");
+  if (env == nullptr || *env == '\0') return Status::Ok();
+  StatusOr<LogFormat> format = ParseLogFormat(env);
+  if (!format.ok()) return format.status().WithContext("STRAIT_LOG_FORMAT");
+  SetLogFormat(*format);
+  return Status::Ok();
+}
+
+std::string JsonEscape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c) & 0xffu);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::string FormatJsonLogLine(std::string_view timestamp, LogLevel level,
+                              std::string_view subsystem, std::string_view message) {
+  std::string line;
+  line.reserve(64 + subsystem.size() + message.size());
+  line += "{\"ts\":\"";
+  line += JsonEscape(timestamp);
+  line += "\",\"level\":\"";
+  line += LogLevelName(level);
+  line += "\",\"subsystem\":\"";
+  line += JsonEscape(subsystem);
+  line += "\",\"msg\":\"";
+  line += JsonEscape(message);
+  line += "\"}";
+  return line;
+}
+
 void SetLogSink(LogSink sink) {
   std::lock_guard<std::mutex> lock(g_sink_mu);
   Sink() = std::move(sink);
@@ -114,12 +184,20 @@ void LogLine(LogLevel level, std::string_view subsystem, std::string_view messag
   gmtime_r(&secs, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+  char frac[8];
+  std::snprintf(frac, sizeof(frac), ".%03dZ", static_cast<int>(millis));
   std::string line;
+  if (GetLogFormat() == LogFormat::kJson) {
+    line = FormatJsonLogLine(std::string(stamp) + frac, level, subsystem, message);
+    line += '\n';
+    ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)ignored;
+    return;
+  }
   line.reserve(48 + subsystem.size() + message.size());
   line += stamp;
-  char frac[8];
-  std::snprintf(frac, sizeof(frac), ".%03dZ ", static_cast<int>(millis));
   line += frac;
+  line += ' ';
   line += LevelLetter(level);
   line += ' ';
   line += subsystem;

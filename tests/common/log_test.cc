@@ -26,7 +26,9 @@ class LogTest : public ::testing::Test {
   void TearDown() override {
     SetLogSink(nullptr);
     unsetenv("STRAIT_LOG_LEVEL");
+    unsetenv("STRAIT_LOG_FORMAT");
     SetLogLevel(LogLevel::kInfo);
+    SetLogFormat(LogFormat::kText);
   }
   std::vector<Captured> lines_;
 };
@@ -62,6 +64,40 @@ TEST_F(LogTest, EnvironmentSetsLevelAndBadValueIsNamed) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("STRAIT_LOG_LEVEL"), std::string::npos);
   EXPECT_NE(s.message().find("verbose"), std::string::npos);
+}
+
+TEST_F(LogTest, JsonEscapesQuotesBackslashesAndControlCharacters) {
+  EXPECT_EQ(JsonEscape("plain text"), "plain text");
+  EXPECT_EQ(JsonEscape("say \"hi\""), "say \\\"hi\\\"");
+  EXPECT_EQ(JsonEscape("C:\\dir"), "C:\\\\dir");
+  EXPECT_EQ(JsonEscape("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(JsonEscape(std::string_view("\x01\x1f\0", 3)), "\\u0001\\u001f\\u0000");
+  EXPECT_EQ(JsonEscape("r\xc3\xa9gion"), "r\xc3\xa9gion");  // UTF-8 passes through
+}
+
+TEST_F(LogTest, JsonLineHasTsLevelSubsystemMsg) {
+  EXPECT_EQ(FormatJsonLogLine("2026-11-29T18:48:58.123Z", LogLevel::kWarn, "net",
+                              "peer \"eu\" refused\n"),
+            "{\"ts\":\"2026-11-29T18:48:58.123Z\",\"level\":\"warn\",\"subsystem\":\"net\","
+            "\"msg\":\"peer \\\"eu\\\" refused\\n\"}");
+}
+
+TEST_F(LogTest, ParseFormatAndEnvironment) {
+  EXPECT_EQ(*ParseLogFormat("JSON"), LogFormat::kJson);
+  EXPECT_EQ(*ParseLogFormat("text"), LogFormat::kText);
+  StatusOr<LogFormat> bad = ParseLogFormat("xml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("text, json"), std::string::npos);
+
+  setenv("STRAIT_LOG_FORMAT", "json", 1);
+  ASSERT_TRUE(InitLogFormatFromEnv().ok());
+  EXPECT_EQ(GetLogFormat(), LogFormat::kJson);
+  setenv("STRAIT_LOG_FORMAT", "yaml", 1);
+  Status s = InitLogFormatFromEnv();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("STRAIT_LOG_FORMAT"), std::string::npos);
+  EXPECT_NE(s.message().find("yaml"), std::string::npos);
+  EXPECT_EQ(GetLogFormat(), LogFormat::kJson);  // a bad value changes nothing
 }
 
 }  // namespace
