@@ -2,7 +2,10 @@
 #include "net/adapt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 namespace strait::net {
 
@@ -27,6 +30,76 @@ CodecChoice ChooseCodec(const LinkEstimates& link, std::span<const CodecProfile>
     if (t < best.expected_seconds) best = CodecChoice{profile.codec, t};
   }
   return best;
+}
+
+double LossyRatio(CodecId codec, DataType dtype, uint32_t block_size) {
+  double code_bytes = 0;
+  switch (codec) {
+    case CodecId::kInt8: code_bytes = 1; break;
+    case CodecId::kFp8E4M3: code_bytes = 1; break;
+    case CodecId::kInt4: code_bytes = 0.5; break;
+    default: return 1;
+  }
+  const double scale_bytes = 4.0 / std::max<uint32_t>(block_size, 1);
+  return static_cast<double>(DataTypeSize(dtype)) / (code_bytes + scale_bytes);
+}
+
+CodecProfile ProfileFor(const CodecProfile& profile, DataType dtype) {
+  CodecProfile p = profile;
+  if (IsLossyCodec(p.codec)) p.ratio = LossyRatio(p.codec, dtype);
+  return p;
+}
+
+std::vector<CodecProfile> MeasureCodecProfiles(size_t sample_bytes) {
+  const size_t count = std::max<size_t>(sample_bytes / sizeof(float), 1024);
+  // Gradient-like noise: an approximately normal value (sum of uniforms, from a fixed-seed
+  // xorshift so that every gateway measures the same bytes) times a small scale.
+  std::vector<float> sample(count);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (float& v : sample) {
+    double sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      sum += static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);
+    }
+    v = static_cast<float>((sum - 2.0) * 1e-3);
+  }
+  std::vector<CodecProfile> profiles;
+  Encoder encoder;
+  Decoder decoder;
+  std::vector<uint8_t> frame;
+  std::vector<float> decoded(count);
+  const double bytes = static_cast<double>(count * sizeof(float));
+  using Clock = std::chrono::steady_clock;
+  for (int c = 0; c < kNumCodecs; ++c) {
+    CodecProfile p;
+    p.codec = static_cast<CodecId>(c);
+    CodecOptions o;
+    o.codec = p.codec;
+    double best_encode = std::numeric_limits<double>::infinity();
+    double best_decode = std::numeric_limits<double>::infinity();
+    bool ok = true;
+    for (int round = 0; round < 2 && ok; ++round) {
+      const auto t0 = Clock::now();
+      ok = encoder.Encode(sample.data(), count, DataType::kFloat32, o, &frame).ok();
+      const auto t1 = Clock::now();
+      ok = ok && decoder.Decode(frame, decoded.data(), count, DataType::kFloat32).ok();
+      const auto t2 = Clock::now();
+      best_encode = std::min(best_encode, std::chrono::duration<double>(t1 - t0).count());
+      best_decode = std::min(best_decode, std::chrono::duration<double>(t2 - t1).count());
+    }
+    if (ok && !frame.empty()) {
+      // A clock too coarse to see the work reads as very fast, never as infinitely fast.
+      p.encode_bytes_per_s = bytes / std::max(best_encode, 1e-9);
+      p.decode_bytes_per_s = bytes / std::max(best_decode, 1e-9);
+      p.ratio = IsLossyCodec(p.codec) ? LossyRatio(p.codec, DataType::kFloat32)
+                                      : bytes / static_cast<double>(frame.size());
+    }
+    profiles.push_back(p);
+  }
+  return profiles;
 }
 
 int64_t PathRttNs(const LinkEstimates& link) {
@@ -103,11 +176,16 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
         return Double();
       }
       if (goodput >= base_goodput_ * (1 + gain_)) {
+        // Goodput that grew nearly in proportion to K says each stream is bound by itself
+        // (loss, a per-flow cap), not by the link: the next step quadruples.
+        const double scaling = (goodput / base_goodput_) /
+                               (static_cast<double>(current_) / static_cast<double>(base_k_));
         base_k_ = current_;
         base_goodput_ = goodput;
         base_retrans_ = retrans;
         base_gained_ = true;
         if (current_ >= max_) return Hold(current_);
+        if (scaling >= kLinearScaling) Double();
         return Double();
       }
       if (rounds_at_k_ < kRoundsPerStep) {
@@ -116,10 +194,12 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
         return current_;
       }
       // The doubling did not pay. Streams fighting over one queue show as more
-      // retransmissions for the same goodput: then fewer streams may do as well, unless the
-      // base was itself reached by a doubling that paid (half of it is known to be worse).
+      // retransmissions and less goodput: then fewer streams than the base may do better,
+      // unless the base was itself reached by a doubling that paid (half of it is known to be
+      // worse). Where goodput merely stayed level, going back to the base is enough: every
+      // step down costs a dip while the remaining streams grow into the freed share.
       if (!base_gained_ && retrans > base_retrans_ * (1 + kRetransRise) + kRetransFloorPerS &&
-          base_k_ > min_) {
+          goodput < base_goodput_ * (1 - kDownTolerance) && base_k_ > min_) {
         phase_ = Phase::kShrinking;
         current_ = std::max(min_, base_k_ / 2);
         return current_;

@@ -3,11 +3,14 @@
 #ifndef STRAIT_LIB_NET_ADAPT_H_
 #define STRAIT_LIB_NET_ADAPT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "net/estimates.h"
 #include "strait/codec.h"
+#include "strait/types.h"
 
 namespace strait::net {
 
@@ -40,6 +43,29 @@ CodecChoice ChooseCodec(const LinkEstimates& link, std::span<const CodecProfile>
                         std::span<const CodecId> allowed, uint64_t message_bytes,
                         double fallback_bytes_per_s = 125e6);
 
+// Measures every codec on this machine: encodes and decodes a synthetic sample of
+// `sample_bytes` of float32 "gradient noise" (normal values of small magnitude, the data a
+// gateway mostly carries) with each codec at its default options (zstd level 1 with the byte
+// shuffle, lossy codecs with block size 256 and no zstd chain) and times the faster of two
+// rounds. Measured rather than taken from a table because speed depends on the CPU and on the
+// vector instructions the codec library picked (AVX-512 and scalar differ by an order of
+// magnitude), which no table can know; the sample is small (default 256 KiB: a few ms per codec
+// in a release build) so a gateway can afford it at startup. The ratio of zstd is the sample's,
+// which underrates data that compresses well (the choice then errs toward raw, never toward a
+// codec slower than the link); lossy ratios follow from the format (see LossyRatio). Profiles
+// are for float32 input; ProfileFor adapts them to other element types. Deterministic input, but
+// timings vary from run to run. Blocks for the measurement; thread-safe.
+std::vector<CodecProfile> MeasureCodecProfiles(size_t sample_bytes = 256 * 1024);
+
+// Input bytes / frame bytes of a lossy codec for `dtype` input (float32 4, 16-bit 2 bytes an
+// element) with one fp32 scale per `block_size` elements: e.g. int8 on float32 ~3.94. 1 for
+// lossless codecs (their ratio depends on the data).
+double LossyRatio(CodecId codec, DataType dtype, uint32_t block_size = kDefaultBlockSize);
+
+// `profile` (measured on float32) for input of `dtype`: lossy codecs take LossyRatio for that
+// type; speeds stay per input byte. Lossless profiles are returned unchanged.
+CodecProfile ProfileFor(const CodecProfile& profile, DataType dtype);
+
 // The round-trip time of the path itself: the kernel's minimum RTT over the streams
 // (tcp_min_rtt_ns), else the minimum ping RTT, else the smoothed kernel or ping RTT. Pings queue
 // behind up to max_inflight_per_stream of data, so their smoothed RTT measures this link's own
@@ -60,12 +86,16 @@ uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t curre
 //     disturbed by the streams that joined; the starting K's reference is its second round).
 //     Per-flow caps and loss-bound congestion control (cubic at 1% loss needs tens of streams)
 //     are linear in K, so doubling reaches the right order in a few rounds where +1 per round
-//     would stall: a 17th stream adds only 1/16.
+//     would stall: a 17th stream adds only 1/16. When a step's goodput grew nearly in proportion
+//     to K (kLinearScaling), the next step quadruples K, so that loss-bound streams reach tens
+//     within the first seconds of a transfer.
 //   - A doubling that did not pay goes back to the K before it. If it also raised the
-//     retransmission rate (by more than a quarter), the streams were fighting over a queue
-//     rather than a cap, and unless that K was itself reached by a doubling that paid, the
-//     controller probes downwards: K/2, K/4, ... while goodput stays within 3% of the best, so
-//     that BBR, which fills a path with one stream, settles low.
+//     retransmission rate (by more than a quarter) and lowered goodput (by more than 3%), the
+//     streams were fighting over a queue rather than a cap, and unless that K was itself
+//     reached by a doubling that paid, the controller probes downwards: K/2, K/4, ... while
+//     goodput stays within 3% of the best, so that BBR, which fills a path with one stream and
+//     loses goodput to more, settles low. (Where goodput stayed level it only goes back: each
+//     step down costs a dip while the remaining streams grow into the freed share.)
 //   - Then it holds for `hold_rounds` rounds (tracking the goodput there) and probes upwards
 //     again, as conditions may have changed.
 // Never leaves [min_streams, max_streams]. Not thread-safe; one per link.
@@ -86,6 +116,9 @@ class StreamCountController {
   // least kRetransFloorPerS) without paying in goodput starts a downward probe.
   static constexpr double kRetransRise = 0.25;
   static constexpr double kRetransFloorPerS = 5;
+  // A step whose goodput grew by at least this fraction of its growth in K (a doubling by 1.7x)
+  // is followed by two doublings at once.
+  static constexpr double kLinearScaling = 0.85;
 
  private:
   enum class Phase { kGrowing, kShrinking, kHolding };

@@ -2,6 +2,7 @@
 #include "net/delivery.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -16,7 +17,10 @@ void SendBook::Enqueue(uint32_t channel, std::vector<uint8_t> data, int64_t dead
   message->deadline_ns = deadline_ns;
   message->done = std::move(done);
   queued_bytes_ += message->data.size();
-  uncut_.push_back(message);
+  auto& queue = uncut_[channel];
+  if (queue.empty()) turns_.push_back(channel);  // a channel joins the round at the back
+  queue.push_back(message);
+  ++uncut_messages_;
   live_.push_back(std::move(message));
 }
 
@@ -33,21 +37,35 @@ const OutChunk* SendBook::Next(int stream, uint32_t chunk_bytes, uint64_t max_in
     ++chunks_resent_;
     return &chunk;
   }
-  while (!uncut_.empty()) {
-    std::shared_ptr<OutMessage> message = uncut_.front();
-    if (message->finished && !message->started) {  // expired before it was started
-      uncut_.pop_front();
+  // Channels in turn. A channel that cannot start its next message (the receiver's budget) keeps
+  // its place and stops later channels from starting theirs, so it is served first once acks
+  // make room; channels with a started message go on cutting meanwhile.
+  bool start_blocked = false;
+  for (size_t turn = 0; turn < turns_.size();) {
+    const uint32_t channel = turns_[turn];
+    auto queue_it = uncut_.find(channel);
+    auto& queue = queue_it->second;
+    while (!queue.empty() && queue.front()->finished && !queue.front()->started) {
+      queue.pop_front();  // expired before it was started
+      --uncut_messages_;
+    }
+    if (queue.empty()) {
+      uncut_.erase(queue_it);
+      turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(turn));
       continue;
     }
+    std::shared_ptr<OutMessage> message = queue.front();
     if (!message->started) {
       const uint64_t size = message->data.size();
-      if (started_bytes_ > 0 && (size > max_started_bytes_ ||
-                                 started_bytes_ > max_started_bytes_ - size)) {
-        return nullptr;  // the receiver could not hold it yet; acks will make room
+      if (start_blocked || (started_bytes_ > 0 && (size > max_started_bytes_ ||
+                                                   started_bytes_ > max_started_bytes_ - size))) {
+        start_blocked = true;  // the receiver could not hold it yet; acks will make room
+        ++turn;
+        continue;
       }
       message->started = true;
-      message->id = next_message_id_[message->channel]++;
-      started_[message->channel].push_back(message);
+      message->id = next_message_id_[channel]++;
+      started_[channel].push_back(message);
       started_bytes_ += size;
     }
     const uint64_t left = message->data.size() - message->cut;
@@ -62,7 +80,17 @@ const OutChunk* SendBook::Next(int stream, uint32_t chunk_bytes, uint64_t max_in
     message->cut += length;
     message->outstanding++;
     queued_bytes_ -= length;
-    if (message->fully_cut()) uncut_.pop_front();
+    if (message->fully_cut()) {
+      queue.pop_front();
+      --uncut_messages_;
+    }
+    // This channel had its turn: to the back of the round (or out of it when it is done).
+    turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(turn));
+    if (queue.empty()) {
+      uncut_.erase(queue_it);
+    } else {
+      turns_.push_back(channel);
+    }
     inflight += length;
     auto [it, inserted] = unacked_.emplace(chunk.seq, std::move(chunk));
     (void)inserted;
@@ -80,6 +108,9 @@ void SendBook::Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_
     resend_.erase(chunk.seq);
   }
   *acked_bytes += chunk.length;
+  for (SeqWindow& w : windows_) {
+    if (chunk.seq >= w.begin && chunk.seq < w.end) w.acked_bytes += chunk.length;
+  }
   OutMessage& message = *chunk.message;
   message.outstanding--;
   if (message.fully_cut() && message.outstanding == 0) {
@@ -94,6 +125,22 @@ void SendBook::Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_
     return;
   }
   unacked_.erase(it);
+}
+
+void SendBook::OpenSeqWindow() {
+  if (!windows_.empty() && windows_.back().end == UINT64_MAX) windows_.pop_back();
+  windows_.push_back(SeqWindow{next_seq_, UINT64_MAX, 0});
+}
+
+void SendBook::CloseSeqWindow() {
+  if (!windows_.empty() && windows_.back().end == UINT64_MAX) windows_.back().end = next_seq_;
+}
+
+uint64_t SendBook::PopSeqWindow() {
+  if (windows_.empty() || windows_.front().end == UINT64_MAX) return 0;
+  const uint64_t bytes = windows_.front().acked_bytes;
+  windows_.pop_front();
+  return bytes;
 }
 
 void SendBook::Release(uint32_t channel) {
@@ -169,6 +216,8 @@ void SendBook::FailAll(const Status& status, std::vector<Completion>* completion
   }
   live_.clear();
   uncut_.clear();
+  turns_.clear();
+  uncut_messages_ = 0;
   unacked_.clear();
   resend_.clear();
   inflight_.clear();

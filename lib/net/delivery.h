@@ -1,14 +1,22 @@
 // The bookkeeping behind reliable, ordered, exactly-once delivery over a pool of streams,
 // kept free of sockets so that it is unit-tested on its own.
 //
-// SendBook (sender side): messages wait whole in a queue and are cut into chunks only when a
-// stream asks for one (Next), so the chunk size can follow the link and a slow stream simply asks
-// less often (work stealing). Every chunk gets the next link-wide sequence number and stays
-// "unacked" until an ack covers it. When a stream dies, its unacked chunks go to a resend queue
-// that every stream drains before cutting new chunks. A message completes when all of its chunks
-// are acked. The book starts no new message while the messages the receiver may still be holding
-// (started, and not yet acked together with every earlier message on their channel) would exceed
-// the receiver's partial-message budget, so an honest sender never trips that limit.
+// SendBook (sender side): messages wait whole in a queue per channel and are cut into chunks only
+// when a stream asks for one (Next), so the chunk size can follow the link and a slow stream simply
+// asks less often (work stealing). Channels take turns chunk by chunk (round-robin over the
+// channels that have something to cut): a 1 GiB message on one channel delays a small one on
+// another by one chunk per busy channel, not by the whole gigabyte, which is how several jobs (each
+// on its own channel) share a link fairly. Within a channel, messages are cut one after another in
+// send order, so per-channel order is what the receiver sees anyway. Every chunk gets the next
+// link-wide sequence number and stays "unacked" until an ack covers it. When a stream dies, its
+// unacked chunks go to a resend queue that every stream drains before cutting new chunks. A message
+// completes when all of its chunks are acked. The book starts no new message while the messages the
+// receiver may still be holding (started, and not yet acked together with every earlier message on
+// their channel) would exceed the receiver's partial-message budget, so an honest sender never
+// trips that limit. When the channel whose turn it is cannot start its next message for that
+// reason, no other channel starts a new one either until it could (channels with a message already
+// started keep cutting), so a large message waits only for what was started before it and is never
+// starved by small ones.
 //
 // ReceiveBook (receiver side): de-duplicates chunks by sequence number (a resent chunk may have
 // arrived already), builds the cumulative + selective ack, copies payloads into their message,
@@ -109,8 +117,21 @@ class SendBook {
   size_t resend_queue() const { return resend_.size(); }
   uint64_t chunks_resent() const { return chunks_resent_; }
   uint64_t next_seq() const { return next_seq_; }
-  bool has_work() const { return !resend_.empty() || !uncut_.empty(); }
-  bool idle() const { return uncut_.empty() && unacked_.empty(); }
+  bool has_work() const { return !resend_.empty() || uncut_messages_ > 0; }
+  bool idle() const { return uncut_messages_ == 0 && unacked_.empty(); }
+
+  // Counting windows for the link's adaptation rounds: the payload acknowledged of the chunks
+  // whose sequence numbers were cut inside a window, however late their acks come. A round's
+  // goodput read this way counts neither data sent before the round (TCP releases data held
+  // behind a loss in a burst, which read as goodput of the round it landed in) nor loses the
+  // tail still in flight at the round's end (its acks count once they arrive).
+  // Opens a window at the next sequence number to be cut, dropping a window still open.
+  void OpenSeqWindow();
+  // Closes the open window at the next sequence number; later acks of its chunks still count.
+  void CloseSeqWindow();
+  // The acknowledged bytes of the oldest closed window, which is forgotten; 0 when none.
+  uint64_t PopSeqWindow();
+  void ClearSeqWindows() { windows_.clear(); }
 
  private:
   void Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_bytes,
@@ -119,7 +140,11 @@ class SendBook {
 
   uint64_t next_seq_ = 0;
   std::unordered_map<uint32_t, uint64_t> next_message_id_;
-  std::deque<std::shared_ptr<OutMessage>> uncut_;  // not fully cut, in send order
+  // Messages not fully cut, per channel in send order, and the channels that have any in the
+  // order they get their next turn (the front is next; a channel served goes to the back).
+  std::unordered_map<uint32_t, std::deque<std::shared_ptr<OutMessage>>> uncut_;
+  std::deque<uint32_t> turns_;
+  size_t uncut_messages_ = 0;
   std::deque<std::shared_ptr<OutMessage>> live_;   // not finished, in send order (deadlines)
   std::map<uint64_t, OutChunk> unacked_;
   std::set<uint64_t> resend_;
@@ -130,6 +155,12 @@ class SendBook {
   std::unordered_map<uint32_t, std::deque<std::shared_ptr<OutMessage>>> started_;
   uint64_t started_bytes_ = 0;
   uint64_t max_started_bytes_ = UINT64_MAX;
+  struct SeqWindow {
+    uint64_t begin = 0;
+    uint64_t end = UINT64_MAX;  // open while UINT64_MAX
+    uint64_t acked_bytes = 0;
+  };
+  std::deque<SeqWindow> windows_;  // oldest first; at most a closed one and an open one
 };
 
 struct Delivery {

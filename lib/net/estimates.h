@@ -39,6 +39,8 @@ struct LinkEstimates {
   uint64_t protocol_errors = 0;   // streams closed because the peer broke the protocol
   uint64_t queued_bytes = 0;      // bytes waiting to be cut into chunks
   bool unreachable = false;       // the link gave up: no stream came up within the deadline
+  bool ended = false;             // failed or closed (by either side): sends fail; a caller
+                                  // that still needs the peer opens a new link
 };
 
 // Counters of the endpoint's listener and dialer: peers refused, by reason. Every refusal also
@@ -53,6 +55,8 @@ struct EndpointCounters {
   uint64_t identity_mismatch = 0;       // hello region differs from the certificate's region
   uint64_t handshake_timeouts = 0;      // TCP/TLS/hello not completed within the deadline
   uint64_t links_accepted = 0;
+  uint64_t unknown_sessions = 0;        // redials of a link this process does not know (it, or
+                                        // the dialer's peer, restarted): answered and closed
 };
 
 }  // namespace strait::net

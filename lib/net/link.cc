@@ -263,7 +263,17 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
 
   asio::io_context& io() { return io_; }
   const EndpointOptions& options() const { return options_; }
-  asio::ssl::context* tls() { return tls_.get(); }
+  // The context for new handshakes. Each stream keeps the context it was created with; old
+  // contexts stay alive in retired_tls_ (a few KiB per reload) so that pointer never dangles.
+  asio::ssl::context* tls() {
+    std::lock_guard<std::mutex> lock(tls_mu_);
+    return tls_.get();
+  }
+  void ReplaceTls(std::unique_ptr<asio::ssl::context> tls) {
+    std::lock_guard<std::mutex> lock(tls_mu_);
+    retired_tls_.push_back(std::move(tls_));
+    tls_ = std::move(tls);
+  }
   bool AllowedPeer(const std::string& region) const { return peers_.count(region) > 0; }
 
   template <typename F>
@@ -303,7 +313,9 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
 
   asio::io_context& io_;
   EndpointOptions options_;
+  std::mutex tls_mu_;  // guards tls_ and retired_tls_ (ReloadIdentity runs on any thread)
   std::unique_ptr<asio::ssl::context> tls_;
+  std::vector<std::unique_ptr<asio::ssl::context>> retired_tls_;
   AcceptCallback on_accept_;
   std::weak_ptr<Runtime> runtime_;
   std::set<std::string> peers_;
@@ -516,6 +528,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
 
   void SendHello(const std::shared_ptr<StreamConn>& stream) {
     Hello hello;
+    hello.flags = ever_attached_ ? kHelloResume : 0;
     hello.session_id = session_id_;
     hello.stream_index = static_cast<uint16_t>(stream->slot);
     hello.region = endpoint_->options().region;
@@ -548,6 +561,15 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
                                                       const asio::error_code& gec, size_t) {
           if (gec) return self->DialFailed(stream, "reading the peer's hello: " + Describe(gec));
           std::string region(stream->hello.begin(), stream->hello.end());
+          if (region == self->peer_region_ && (reply.flags & kHelloUnknownSession)) {
+            stream->Close();
+            self->End(State::kFailed,
+                      UnavailableError("peer " + self->peer_name_ +
+                                       " restarted: it no longer knows this link, so messages "
+                                       "it had not acknowledged are lost; open a new link"),
+                      true);
+            return;
+          }
           if (region != self->peer_region_ || reply.session_id != self->session_id_ ||
               reply.stream_index != stream->slot) {
             self->endpoint_->Count([](EndpointCounters& c) { ++c.identity_mismatch; });
@@ -607,6 +629,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   // ---- Streams up and down -------------------------------------------------------------------
 
   void Attach(const std::shared_ptr<StreamConn>& stream, int slot) {
+    ever_attached_ = true;
     if (state_ != State::kActive) {
       stream->Close();
       return;
@@ -949,17 +972,29 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
 
   void StartAdaptRound(int64_t at_ns) {
     adapt_start_ns_ = at_ns;
-    adapt_start_acked_ = est_.bytes_acked;
     adapt_start_retrans_ = est_.tcp_retransmissions;
     adapt_ticks_ = 0;
     adapt_backlog_ticks_ = 0;
+    // Reopened at every tick until the round begins, so it starts within a tick of it.
+    send_.OpenSeqWindow();
+    adapt_window_open_ns_ = MonotonicNanos();
   }
 
   // Adaptation rounds (dialer only): after K changed, wait until the pool has its new size and the
-  // new streams had time to ramp up; then measure goodput over one window and decide.
+  // new streams had time to ramp up; then measure goodput over one window and decide. A round's
+  // goodput is the data cut during it that the peer acknowledged (SendBook's counting windows),
+  // read a grace period after the round so that its tail's acks are in: the next round runs
+  // meanwhile and is dropped if the decision changes K.
   void AdaptTick(int64_t now) {
     const bool streams = role_ == Role::kDialer && options_.adapt_streams;
     if (!streams && !options_.adapt_chunk) return;
+    if (pending_round_ && now >= pending_round_->judge_ns) {
+      const PendingRound round = *pending_round_;
+      pending_round_.reset();
+      const double goodput = static_cast<double>(send_.PopSeqWindow()) * 1e9 /
+                             static_cast<double>(round.end_ns - round.begin_ns);
+      Adapt(now, goodput, round.retrans_per_s, round.busy);
+    }
     if (settling_) {
       if (streams_up_ != target_streams_ &&
           now - settle_began_ns_ < options_.handshake_timeout_ns + kSettleNs) {
@@ -975,20 +1010,28 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     }
     ++adapt_ticks_;
     if (send_.has_work()) ++adapt_backlog_ticks_;
-    const int64_t elapsed = now - adapt_start_ns_;
+    const int64_t elapsed = now - adapt_window_open_ns_;
     if (elapsed < std::max<int64_t>(kAdaptWindowNs, 10 * BaseRttNs())) return;
-    const double goodput = static_cast<double>(est_.bytes_acked - adapt_start_acked_) * 1e9 /
-                           static_cast<double>(elapsed);
+    if (pending_round_) return;  // the previous round is not judged yet: run on until it is
     // Retransmissions of streams retired during the round are counted at their close, so the
     // total never goes back; the guard is for a kernel that resets it.
     const uint64_t retrans_now = est_.tcp_retransmissions;
-    const double retrans = retrans_now > adapt_start_retrans_
-                               ? static_cast<double>(retrans_now - adapt_start_retrans_) * 1e9 /
-                                     static_cast<double>(elapsed)
-                               : 0.0;
-    const bool busy = adapt_backlog_ticks_ >= kBusyFraction * adapt_ticks_;
+    PendingRound round;
+    round.begin_ns = adapt_window_open_ns_;
+    round.end_ns = now;
+    round.retrans_per_s = retrans_now > adapt_start_retrans_
+                              ? static_cast<double>(retrans_now - adapt_start_retrans_) * 1e9 /
+                                    static_cast<double>(elapsed)
+                              : 0.0;
+    round.busy = adapt_backlog_ticks_ >= kBusyFraction * adapt_ticks_;
+    // Acks of the last data cut arrive after a queueing delay plus a round trip, or later when a
+    // loss held them back: two smoothed RTTs (which include the queue) cover most of that
+    // without stalling the controller; what comes later is missing equally from every round.
+    const int64_t rtt = std::max(est_.rtt_smoothed_ns, BaseRttNs());
+    round.judge_ns = now + std::clamp<int64_t>(2 * rtt, kTickNs, 1'000'000'000);
+    send_.CloseSeqWindow();
+    pending_round_ = round;
     StartAdaptRound(now);
-    Adapt(now, goodput, retrans, busy);
   }
 
   void Adapt(int64_t now, double goodput, double retrans_per_s, bool busy) {
@@ -1057,6 +1100,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     if (state == State::kFailed) {
       STRAIT_LOG(kWarn, "net") << "link failed: " << status.message();
     }
+    est_.ended = true;
     std::vector<Completion> completions;
     send_.FailAll(status, &completions);
     est_.send_failures += completions.size();
@@ -1107,6 +1151,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   std::string peer_region_;
   tcp::endpoint address_;
   uint64_t session_id_;
+  bool ever_attached_ = false;  // a stream was up once: later dials resume the session
   std::string peer_name_;
   MessageCallback on_message_;
   State state_ = State::kActive;
@@ -1133,7 +1178,13 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   bool settling_ = false;
   int64_t settle_began_ns_ = 0;
   int64_t adapt_start_ns_ = 0;
-  uint64_t adapt_start_acked_ = 0;
+  int64_t adapt_window_open_ns_ = 0;
+  struct PendingRound {
+    int64_t begin_ns = 0, end_ns = 0, judge_ns = 0;
+    double retrans_per_s = 0;
+    bool busy = false;
+  };
+  std::optional<PendingRound> pending_round_;  // measured, waiting for its tail's acks
   uint64_t adapt_start_retrans_ = 0;
   int adapt_ticks_ = 0;
   int adapt_backlog_ticks_ = 0;
@@ -1263,6 +1314,28 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
       std::shared_ptr<LinkCore> link;
       if (auto it = self->sessions_.find(key); it != self->sessions_.end()) {
         link = it->second;
+      } else if (hello.flags & kHelloResume) {
+        // A redial of a link this process never had: it restarted (or forgot a failed link).
+        // Joining it to a fresh link would pair the dialer's sequence numbers and message ids
+        // with a receiver starting from 0; say so, so that the dialer fails the link and opens
+        // a new one.
+        self->Count([](EndpointCounters& c) { ++c.unknown_sessions; });
+        STRAIT_LOG(kInfo, "net") << "redial from " << hello.region
+                                 << " for a link this process does not know (one side "
+                                    "restarted): telling it to open a new link";
+        Hello reply;
+        reply.flags = kHelloUnknownSession;
+        reply.session_id = hello.session_id;
+        reply.stream_index = hello.stream_index;
+        reply.region = self->options_.region;
+        stream->hello = EncodeHello(reply);
+        stream->Write(asio::buffer(stream->hello), [self, stream](const asio::error_code&,
+                                                                  size_t) {
+          stream->DisarmDeadline();
+          self->handshaking_.erase(stream);
+          stream->Close();
+        });
+        return;
       } else {
         auto runtime = self->runtime_.lock();
         if (!runtime) return self->Refuse(stream, "shutting down", &EndpointCounters::bad_hello);
@@ -1500,14 +1573,8 @@ StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
   STRAIT_RETURN_IF_ERROR(CheckOptions(options));
   std::unique_ptr<asio::ssl::context> tls;
   if (options.transport == Transport::kTls) {
-    STRAIT_ASSIGN_OR_RETURN(tls,
-                            MakeTlsContext(options.ca_file, options.cert_file, options.key_file));
-    STRAIT_ASSIGN_OR_RETURN(std::string own, RegionOfCertificateFile(options.cert_file));
-    if (own != options.region) {
-      return InvalidArgumentError("certificate '" + options.cert_file + "' names region '" +
-                                  own + "' but this endpoint is configured as '" +
-                                  options.region + "'");
-    }
+    STRAIT_ASSIGN_OR_RETURN(tls, LoadTlsIdentity(options.region, options.ca_file,
+                                                 options.cert_file, options.key_file));
   } else {
     STRAIT_LOG(kWarn, "net") << "endpoint " << options.region
                              << " uses plain TCP: no encryption, no peer authentication";
@@ -1574,6 +1641,23 @@ StatusOr<std::shared_ptr<Link>> Endpoint::Connect(const std::string& peer_region
 }
 
 EndpointCounters Endpoint::Counters() const { return impl_->core->Counters(); }
+
+Status Endpoint::ReloadIdentity() {
+  const EndpointOptions& o = impl_->options;
+  if (o.transport != Transport::kTls) {
+    return FailedPreconditionError(
+        "this endpoint uses plain TCP: there is no TLS identity to reload");
+  }
+  StatusOr<std::unique_ptr<asio::ssl::context>> tls =
+      LoadTlsIdentity(o.region, o.ca_file, o.cert_file, o.key_file);
+  if (!tls.ok()) {
+    return tls.status().WithContext("reloading the TLS identity (the old one stays in use)");
+  }
+  impl_->core->ReplaceTls(std::move(*tls));
+  STRAIT_LOG(kInfo, "net") << "region " << o.region << " reloaded its TLS identity from '"
+                           << o.cert_file << "'; new handshakes use it";
+  return Status::Ok();
+}
 
 const EndpointOptions& Endpoint::options() const { return impl_->options; }
 

@@ -200,6 +200,14 @@ class Endpoint {
   // A copy of the listener's and dialer's refusal counters. Thread-safe.
   EndpointCounters Counters() const;
 
+  // Certificate rotation: re-reads the CA, certificate and key files named in the options into
+  // a new TLS context that every later handshake (dialed or accepted) uses; streams already up
+  // keep the identity they were set up with, so no link drops. On any error (unreadable file,
+  // key not matching, certificate naming another region) the old identity stays in use and the
+  // error names the file. kFailedPrecondition with plain TCP. Thread-safe; blocks only on
+  // reading the files (straitd calls it on SIGHUP).
+  Status ReloadIdentity();
+
   const EndpointOptions& options() const;
 
   struct Impl;

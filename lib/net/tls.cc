@@ -105,4 +105,18 @@ StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file) {
   return regions[0];
 }
 
+StatusOr<std::unique_ptr<asio::ssl::context>> LoadTlsIdentity(const std::string& region,
+                                                              const std::string& ca_file,
+                                                              const std::string& cert_file,
+                                                              const std::string& key_file) {
+  STRAIT_ASSIGN_OR_RETURN(std::unique_ptr<asio::ssl::context> ctx,
+                          MakeTlsContext(ca_file, cert_file, key_file));
+  STRAIT_ASSIGN_OR_RETURN(std::string own, RegionOfCertificateFile(cert_file));
+  if (own != region) {
+    return InvalidArgumentError("certificate '" + cert_file + "' names region '" + own +
+                                "' but this endpoint is configured as '" + region + "'");
+  }
+  return ctx;
+}
+
 }  // namespace strait::net

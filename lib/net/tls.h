@@ -23,6 +23,14 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
                                                             const std::string& cert_file,
                                                             const std::string& key_file);
 
+// MakeTlsContext plus the identity check: the certificate must name exactly `region`. What an
+// endpoint loads at start and again on ReloadIdentity (certificate rotation); errors name the
+// file at fault, and nothing is half-loaded (the caller keeps its old context on error).
+StatusOr<std::unique_ptr<asio::ssl::context>> LoadTlsIdentity(const std::string& region,
+                                                              const std::string& ca_file,
+                                                              const std::string& cert_file,
+                                                              const std::string& key_file);
+
 // The regions named by SAN URIs of the form strait://region/<name> in `cert` (usually one).
 std::vector<std::string> RegionsOfCertificate(X509* cert);
 

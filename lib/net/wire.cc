@@ -44,7 +44,7 @@ std::vector<uint8_t> EncodeHello(const Hello& hello) {
   std::vector<uint8_t> out(kHelloFixedBytes + hello.region.size(), 0);
   PutU32(out.data(), kWireMagic);
   PutU16(out.data() + 4, hello.version);
-  PutU16(out.data() + 6, 0);
+  PutU16(out.data() + 6, hello.flags);
   PutU64(out.data() + 8, hello.session_id);
   PutU16(out.data() + 16, hello.stream_index);
   out[18] = static_cast<uint8_t>(hello.region.size());
@@ -70,6 +70,7 @@ Status ParseHelloFixed(std::span<const uint8_t> fixed, Hello* hello, size_t* reg
                                    "; upgrade one side");
   }
   hello->version = version;
+  hello->flags = GetU16(fixed.data() + 6);
   hello->session_id = GetU64(fixed.data() + 8);
   hello->stream_index = GetU16(fixed.data() + 16);
   if (hello->stream_index >= kMaxStreams) {

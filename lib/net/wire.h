@@ -7,7 +7,13 @@
 // Hello (20 bytes fixed + region):
 //   0  u32 magic          0x4C525453 ("STRL" in memory order)
 //   4  u16 version        kWireVersion; a different value closes the stream (counted)
-//   6  u16 flags          0 (reserved; a receiver ignores unknown bits)
+//   6  u16 flags          HelloFlag bits; a receiver ignores unknown bits. Dialer: kResume when
+//                         this link had a stream up before (a redial of a known session).
+//                         Acceptor: kUnknownSession when it has no such session for a
+//                         kResume hello (it restarted and lost the link's state): it closes the
+//                         stream and the dialer fails the link, whose sequence numbers and
+//                         message ids the new process would not match. (Added within wire
+//                         version 1 before any release; older peers send and ignore 0.)
 //   8  u64 session id     chosen at random by the dialer per link; every stream of a link
 //                         (and every redial) carries the same id, so that the acceptor joins them
 //  16  u16 stream index   0..kMaxStreams-1: the slot this stream fills in the link's pool
@@ -80,8 +86,14 @@ enum class CloseReason : uint32_t {
   kProtocol = 2,   // the peer violated the protocol
 };
 
+enum HelloFlag : uint16_t {
+  kHelloResume = 0x1,
+  kHelloUnknownSession = 0x2,
+};
+
 struct Hello {
   uint16_t version = kWireVersion;
+  uint16_t flags = 0;  // HelloFlag bits
   uint64_t session_id = 0;
   uint16_t stream_index = 0;
   std::string region;

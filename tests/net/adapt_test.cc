@@ -62,6 +62,40 @@ TEST(ChooseCodec, UnmeasuredLinkUsesTheFallbackBandwidth) {
             CodecId::kNone);
 }
 
+TEST(CodecProfiles, LossyRatiosFollowTheFormat) {
+  // int8 on float32: 4 bytes -> 1 byte + 4 bytes of scale per 256 elements.
+  EXPECT_DOUBLE_EQ(LossyRatio(CodecId::kInt8, DataType::kFloat32), 4.0 / (1 + 4.0 / 256));
+  EXPECT_DOUBLE_EQ(LossyRatio(CodecId::kInt4, DataType::kBfloat16), 2.0 / (0.5 + 4.0 / 256));
+  EXPECT_DOUBLE_EQ(LossyRatio(CodecId::kFp8E4M3, DataType::kFloat16, 32), 2.0 / (1 + 4.0 / 32));
+  EXPECT_DOUBLE_EQ(LossyRatio(CodecId::kZstd, DataType::kFloat32), 1.0);
+  const CodecProfile int8{CodecId::kInt8, 1e9, 2e9, 3.94};
+  EXPECT_DOUBLE_EQ(ProfileFor(int8, DataType::kBfloat16).ratio,
+                   LossyRatio(CodecId::kInt8, DataType::kBfloat16));
+  EXPECT_DOUBLE_EQ(ProfileFor(int8, DataType::kBfloat16).encode_bytes_per_s, 1e9);
+  const CodecProfile zstd{CodecId::kZstd, 1e9, 2e9, 1.2};
+  EXPECT_DOUBLE_EQ(ProfileFor(zstd, DataType::kBfloat16).ratio, 1.2);
+}
+
+TEST(CodecProfiles, MeasuresEveryCodecOnThisMachine) {
+  const std::vector<CodecProfile> profiles = MeasureCodecProfiles(64 * 1024);
+  ASSERT_EQ(profiles.size(), static_cast<size_t>(kNumCodecs));
+  for (int c = 0; c < kNumCodecs; ++c) {
+    const CodecProfile& p = profiles[static_cast<size_t>(c)];
+    EXPECT_EQ(p.codec, static_cast<CodecId>(c));
+    EXPECT_GT(p.encode_bytes_per_s, 0) << CodecName(p.codec);
+    EXPECT_GT(p.decode_bytes_per_s, 0) << CodecName(p.codec);
+  }
+  // Raw costs its header; zstd finds the exponent bytes of gradient noise; lossy as the format.
+  EXPECT_LT(profiles[0].ratio, 1.0);
+  EXPECT_GT(profiles[1].ratio, kMinUsefulRatio);
+  EXPECT_LT(profiles[1].ratio, 2.0);
+  EXPECT_DOUBLE_EQ(profiles[2].ratio, LossyRatio(CodecId::kInt8, DataType::kFloat32));
+  // Fed to ChooseCodec: a 100 Mbit/s link takes zstd among lossless codecs (any machine encodes
+  // faster than 12.5 MB/s, even a debug build with sanitizers).
+  const std::vector<CodecId> lossless = {CodecId::kNone, CodecId::kZstd};
+  EXPECT_EQ(ChooseCodec(WithGoodput(12.5e6), profiles, lossless, 1 << 20).codec, CodecId::kZstd);
+}
+
 TEST(ChooseChunkBytes, FollowsBandwidthDelayProduct) {
   // 125 MB/s x 100 ms = 12.5 MB; / 4 streams / 4 = ~781 KB -> 768 KiB.
   EXPECT_EQ(ChooseChunkBytes(WithGoodput(125e6, 100'000'000), 4, 1, 64 << 10, 4 << 20),
@@ -109,9 +143,9 @@ TEST(StreamCountController, DoublesWhileGoodputGrowsThenSettlesOnTheBest) {
   // A per-flow cap: goodput linear up to 5 streams, then flat.
   auto goodput = [](int streams) { return 100.0 * std::min(streams, 5); };
   const std::vector<int> visited = RunRounds(k, 8, goodput, NoRetrans);
-  // Two rounds at the start, then 1 -> 2 -> 4 -> 8 (+25%) -> 16 (+0% in both of its rounds):
-  // back to 8, and hold.
-  EXPECT_EQ(visited, (std::vector<int>{1, 2, 4, 8, 16, 16, 8, 8}));
+  // Two rounds at the start, then 1 -> 2 (twice the goodput: linear, so the next step
+  // quadruples) -> 8 (+150%) -> 16 (+0% in both of its rounds): back to 8, and hold.
+  EXPECT_EQ(visited, (std::vector<int>{1, 2, 8, 16, 16, 8, 8, 8}));
   EXPECT_EQ(k.Update(goodput(8), false), 8);  // idle rounds change nothing
   EXPECT_EQ(k.Update(0, true), 8);            // nor rounds without a measurement
 }
@@ -121,14 +155,15 @@ TEST(StreamCountController, ReachesTensOfStreamsWhenEachStreamIsLossBound) {
   StreamCountController k(4, 1, 64, 0.10, 10);
   auto goodput = [](int streams) { return std::min(1.7e6 * streams, 96e6) / 8; };
   auto retrans = [](int streams) { return 15.0 * streams; };  // proportional: no fight
-  const std::vector<int> visited = RunRounds(k, 7, goodput, retrans);
-  EXPECT_EQ(visited, (std::vector<int>{4, 8, 16, 32, 64, 64, 64}));
+  const std::vector<int> visited = RunRounds(k, 6, goodput, retrans);
+  // Each step doubles the goodput, so after the first doubling K quadruples: 8 -> 32 -> 64.
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 32, 64, 64, 64}));
 }
 
 TEST(StreamCountController, MaxStreamsCapsTheDoubling) {
   StreamCountController k(1, 1, 10, 0.10, 10);
   auto goodput = [](int streams) { return 100.0 * streams; };
-  EXPECT_EQ(RunRounds(k, 7, goodput, NoRetrans), (std::vector<int>{1, 2, 4, 8, 10, 10, 10}));
+  EXPECT_EQ(RunRounds(k, 5, goodput, NoRetrans), (std::vector<int>{1, 2, 8, 10, 10}));
 }
 
 TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
@@ -141,23 +176,31 @@ TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
   EXPECT_EQ(k.Update(400, true), 4);
 }
 
-TEST(StreamCountController, ProbesDownWhenMoreStreamsOnlyAddRetransmissions) {
-  // BBR: one stream fills the path; more streams only fight over the queue.
+TEST(StreamCountController, ProbesDownWhenMoreStreamsCostGoodputAndAddRetransmissions) {
+  // BBR: one stream fills the path; more streams fight over the queue and lose a little.
   StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int) { return 12e6; };
+  auto goodput = [](int streams) { return 12e6 * (streams > 4 ? 0.95 : 1.0); };
   auto retrans = [](int streams) { return 40.0 * streams; };
   const std::vector<int> visited = RunRounds(k, 7, goodput, retrans);
-  // 4 -> 8 (no gain, twice the retransmissions) -> back below 4: 2, 1 (as good) -> hold at 1.
+  // 4 -> 8 (-5%, twice the retransmissions) -> below 4: 2, 1 (as good) -> hold at 1.
   EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 1, 1, 1}));
 }
 
-TEST(StreamCountController, StopsProbingDownWhereGoodputDrops) {
-  // A per-flow cap at a quarter of the link, with retransmissions that grow past it.
+TEST(StreamCountController, OnlyGoesBackWhereMoreStreamsKeepGoodputLevel) {
+  // More retransmissions but the same goodput: back to the base, no dip below it.
   StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return 100.0 * std::min(streams, 4); };
+  auto goodput = [](int) { return 12e6; };
+  auto retrans = [](int streams) { return 40.0 * streams; };
+  EXPECT_EQ(RunRounds(k, 6, goodput, retrans), (std::vector<int>{4, 8, 8, 4, 4, 4}));
+}
+
+TEST(StreamCountController, StopsProbingDownWhereGoodputDrops) {
+  // A per-flow cap at a quarter of the link; past it, streams fight and lose goodput.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  auto goodput = [](int streams) { return streams > 4 ? 350.0 : 100.0 * streams; };
   auto retrans = [](int streams) { return streams > 4 ? 100.0 * streams : 10.0; };
   const std::vector<int> visited = RunRounds(k, 6, goodput, retrans);
-  // 4 -> 8 (no gain, more retransmissions) -> 2 (half the goodput) -> back to 4, hold.
+  // 4 -> 8 (less goodput, more retransmissions) -> 2 (half the goodput) -> back to 4, hold.
   EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 4, 4}));
 }
 
@@ -175,9 +218,18 @@ TEST(StreamCountController, ProbesUpAgainAfterHolding) {
   auto goodput = [&cap](int streams) { return 100.0 * std::min(streams, cap); };
   EXPECT_EQ(RunRounds(k, 4, goodput, NoRetrans), (std::vector<int>{4, 8, 8, 4}));
   cap = 16;
-  // Holds three rounds at 4, then doubles while it pays: 8, 16, then 32 does not.
+  // Holds three rounds at 4, then grows while it pays: 8 (linear, so quadruple) -> 32 (+100%)
+  // -> 64 (nothing more): back to 32, where 16 would do as well -- the price of growing fast.
   EXPECT_EQ(RunRounds(k, 8, goodput, NoRetrans),
-            (std::vector<int>{4, 4, 8, 16, 32, 32, 16, 16}));
+            (std::vector<int>{4, 4, 8, 32, 64, 64, 32, 32}));
+}
+
+TEST(StreamCountController, DoublesOnlyWhereGoodputGrewLessThanLinearly) {
+  // A policer at a fifth of the link: 4 -> 8 adds 25%, not 85% of the doubling, so 16 is next
+  // (not 32); 16 adds nothing: back to 8.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  auto goodput = [](int streams) { return 20.0 * std::min(streams, 5); };
+  EXPECT_EQ(RunRounds(k, 6, goodput, NoRetrans), (std::vector<int>{4, 8, 16, 16, 8, 8}));
 }
 
 TEST(StreamCountController, StaysWithinItsBounds) {

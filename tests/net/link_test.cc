@@ -672,5 +672,47 @@ TEST_F(NetLink, CreateRefusesBadConfiguration) {
   EXPECT_NE(e.status().message().find("/nonexistent/key.pem"), std::string::npos) << e.status();
 }
 
+// Channels share the link chunk by chunk (SendBook's round-robin): a small message on another
+// channel, sent just after a 48 MiB one, arrives long before it; with first-come first-cut it
+// would wait behind all 48 MiB (one stream, so arrival order is cut order).
+TEST_F(NetLink, ASmallMessageOnAnotherChannelDoesNotWaitBehindABigOne) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint32_t> order;
+  EndpointOptions server_options = Options("us", us_, {"eu"});
+  auto server = Endpoint::Create(server_options, [&](std::shared_ptr<Link>) {
+    return MessageCallback([&](uint32_t channel, std::vector<uint8_t>) {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(channel);
+      cv.notify_all();
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto port = (*server)->Listen("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  EndpointOptions options = Options("eu", eu_, {"us"});
+  options.link.streams = 1;
+  options.link.adapt_streams = false;
+  options.link.adapt_chunk = false;
+  options.link.chunk_bytes = 64 * 1024;
+  options.link.max_inflight_per_stream = 256 * 1024;
+  auto client = Endpoint::Create(options, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto link = (*client)->Connect("us", "127.0.0.1", *port, nullptr);
+  ASSERT_TRUE(link.ok()) << link.status();
+  ASSERT_TRUE((*link)->WaitForStreams(1, Deadline::AfterSeconds(10)).ok());
+  SendTracker sends;
+  (*link)->Send(16, Pattern(48u << 20, 1), Deadline::AfterSeconds(60), sends.Done());
+  (*link)->Send(17, Pattern(1000, 2), Deadline::AfterSeconds(60), sends.Done());
+  ASSERT_TRUE(sends.WaitFor(2, 60));
+  for (const Status& s : sends.results()) EXPECT_TRUE(s.ok()) << s;
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return order.size() == 2; }));
+  EXPECT_EQ(order, (std::vector<uint32_t>{17, 16}));
+  lock.unlock();
+  client->reset();
+  server->reset();
+}
+
 }  // namespace
 }  // namespace strait::net

@@ -21,7 +21,22 @@ TEST(WireHello, RoundTrips) {
   EXPECT_EQ(kind, HelloError::kNone);
   EXPECT_EQ(parsed.session_id, hello.session_id);
   EXPECT_EQ(parsed.stream_index, 7);
+  EXPECT_EQ(parsed.flags, 0);
   EXPECT_EQ(region_length, hello.region.size());
+}
+
+TEST(WireHello, FlagsRoundTripAtTheirOffset) {
+  Hello hello;
+  hello.flags = kHelloResume | kHelloUnknownSession;
+  hello.region = "us";
+  const std::vector<uint8_t> bytes = EncodeHello(hello);
+  EXPECT_EQ(bytes[6], 0x03);  // u16 little-endian at offset 6
+  EXPECT_EQ(bytes[7], 0x00);
+  Hello parsed;
+  size_t region_length = 0;
+  HelloError kind;
+  ASSERT_TRUE(ParseHelloFixed(bytes, &parsed, &region_length, &kind).ok());
+  EXPECT_EQ(parsed.flags, kHelloResume | kHelloUnknownSession);
 }
 
 TEST(WireHello, GarbageIsBadMagic) {
