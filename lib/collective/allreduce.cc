@@ -25,6 +25,48 @@ bool IsFloatPath(DataType dtype, ReduceOp op) {
   return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
 }
 
+// The per-link codec vectors: sized to the world, lossy entries only where the request could
+// use the codec itself, and one lossy codec for all results or none.
+Status ValidateLinkCodecs(const Transport& transport, const AllReduceRequest& r) {
+  const size_t world = static_cast<size_t>(transport.size());
+  const std::pair<const char*, const std::vector<CodecId>*> lists[] = {
+      {"send_codecs", &r.send_codecs}, {"result_codecs", &r.result_codecs}};
+  for (const auto& [name, list] : lists) {
+    if (list->empty()) continue;
+    if (list->size() != world) {
+      return InvalidArgumentError(std::string(name) + " has " + std::to_string(list->size()) +
+                                  " entries for a world of " + std::to_string(world));
+    }
+    for (CodecId c : *list) {
+      if (static_cast<int>(c) >= kNumCodecs) {
+        return InvalidArgumentError(std::string(name) + ": invalid codec " +
+                                    std::to_string(static_cast<int>(c)));
+      }
+      if (!IsLossyCodec(c)) continue;
+      if (!IsFloatPath(r.dtype, r.op)) {
+        return InvalidArgumentError(std::string(name) + ": codec " + CodecName(c) +
+                                    " is lossy and applies only to sum or avg of float32, "
+                                    "bfloat16 or float16, not " + ReduceOpName(r.op) + " of " +
+                                    DataTypeName(r.dtype));
+      }
+      CodecOptions o = r.codec;
+      o.codec = c;
+      STRAIT_RETURN_IF_ERROR(ValidateCodecOptions(o, DataType::kFloat32).WithContext(name));
+    }
+  }
+  if (!r.result_codecs.empty()) {
+    const CodecId first = r.result_codecs[0];
+    for (CodecId c : r.result_codecs) {
+      if ((IsLossyCodec(c) || IsLossyCodec(first)) && c != first) {
+        return InvalidArgumentError(
+            std::string("result_codecs mixes ") + CodecName(first) + " and " + CodecName(c) +
+            ": a lossy result must be one frame, in one codec, for every rank");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status Validate(const Transport& transport, const AllReduceRequest& r) {
   if (transport.size() < 1 || transport.rank() < 0 || transport.rank() >= transport.size()) {
     return InvalidArgumentError("transport reports rank " + std::to_string(transport.rank()) +
@@ -51,7 +93,8 @@ Status Validate(const Transport& transport, const AllReduceRequest& r) {
   if (lossy) {
     STRAIT_RETURN_IF_ERROR(ValidateCodecOptions(r.codec, DataType::kFloat32).WithContext("codec"));
   }
-  if (lossy && r.error_feedback && r.feedback == nullptr) {
+  STRAIT_RETURN_IF_ERROR(ValidateLinkCodecs(transport, r));
+  if (internal::AnyLossy(r) && r.error_feedback && r.feedback == nullptr) {
     return InvalidArgumentError("error_feedback is on but no ErrorFeedbackStore was given");
   }
   if (r.chunk_elements == 0 || r.chunk_elements > kMaxFrameElements) {
@@ -69,7 +112,17 @@ Status OwnerLoop(OpContext& ctx) {
   std::vector<float> facc;
   std::vector<uint8_t> tacc;
   std::vector<uint8_t> frame;
-  std::vector<uint8_t> result;
+  // The result's codecs: one per distinct entry of result_codecs (lossless ones may differ per
+  // rank), and which of them each rank gets; the owner decodes its own entry's frame.
+  std::vector<CodecId> codecs;
+  std::vector<size_t> frame_of(static_cast<size_t>(ctx.world));
+  for (int p = 0; p < ctx.world; ++p) {
+    const CodecId c = internal::ResultCodec(ctx, p);
+    auto it = std::find(codecs.begin(), codecs.end(), c);
+    frame_of[static_cast<size_t>(p)] = static_cast<size_t>(it - codecs.begin());
+    if (it == codecs.end()) codecs.push_back(c);
+  }
+  std::vector<std::vector<uint8_t>> results;
   for (size_t k = 0; k < chunks; ++k) {
     const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
     if (ctx.float_path) {
@@ -85,14 +138,16 @@ Status OwnerLoop(OpContext& ctx) {
       STRAIT_RETURN_IF_ERROR(
           internal::AccumulateFrame(ctx, w, frame, chunk, r == 0, facc.data(), tacc.data()));
     }
-    STRAIT_RETURN_IF_ERROR(
-        internal::EncodeResult(ctx, w, chunk, facc.data(), tacc.data(), &result));
+    STRAIT_RETURN_IF_ERROR(internal::EncodeResults(ctx, w, chunk, facc.data(), tacc.data(),
+                                                   codecs, &results));
     const uint64_t tag = MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id);
     for (int j = 1; j < ctx.world; ++j) {
-      internal::SendFrame(ctx, (owner + j) % ctx.world, tag, result);
+      const int peer = (owner + j) % ctx.world;
+      internal::SendFrame(ctx, peer, tag, results[frame_of[static_cast<size_t>(peer)]]);
     }
     // The owner keeps exactly what it sent, not its fp32 accumulator.
-    STRAIT_RETURN_IF_ERROR(internal::DecodeResult(ctx, w, result, chunk));
+    STRAIT_RETURN_IF_ERROR(
+        internal::DecodeResult(ctx, w, results[frame_of[static_cast<size_t>(owner)]], chunk));
   }
   return Status::Ok();
 }
@@ -110,7 +165,7 @@ Status SenderLoop(OpContext& ctx) {
       if (k >= ctx.plan.ChunkCount(owner)) continue;
       if (ctx.cancelled()) return CancelledError("stopped: the all-reduce failed elsewhere");
       const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
-      STRAIT_RETURN_IF_ERROR(internal::EncodeInput(ctx, w, chunk, &frame));
+      STRAIT_RETURN_IF_ERROR(internal::EncodeInput(ctx, w, chunk, owner, &frame));
       internal::SendFrame(ctx, owner, MakeTag(ctx.request->op_id, TagPhase::kMeshScatter, chunk.id),
                           std::move(frame));
       frame = {};
@@ -169,7 +224,7 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
   ctx.elem = DataTypeSize(request.dtype);
   ctx.data = static_cast<uint8_t*>(request.data);
   ctx.float_path = IsFloatPath(request.dtype, request.op);
-  ctx.lossy = IsLossyCodec(request.codec.codec);
+  ctx.lossy = internal::AnyLossy(request);
   ctx.exact_op = request.op == ReduceOp::kAvg ? ReduceOp::kSum : request.op;
   if (ctx.lossy && request.error_feedback && request.count > 0) {
     ctx.send_residual =
@@ -190,10 +245,22 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
   // On success, the sends handed over must also have gone through (NetTransport: acknowledged)
   // for the operation to count as done. After a failure there is nothing to wait for: the
   // completions hold only shared state, and the transport owns the bytes.
+  const int64_t ack_wait_start = MonotonicNanos();
   if (status.ok()) status = ctx.sends.Wait(request.deadline);
+  const int64_t ack_wait_ns = MonotonicNanos() - ack_wait_start;
+  // Tell the other ranks, unless this failure is their abort reaching us (kAborted): echoing it
+  // would only repeat the cause under this rank's name.
+  if (!status.ok() && status.code() != StatusCode::kAborted) {
+    transport.Abort(request.op_id, status.WithContext(what), request.abort_note);
+  }
   if (stats != nullptr) {
     stats->bytes_sent = ctx.bytes_sent.load();
     stats->bytes_received = ctx.bytes_received.load();
+    stats->encode_ns = ctx.encode_ns.load();
+    stats->reduce_ns = ctx.reduce_ns.load();
+    stats->decode_ns = ctx.decode_ns.load();
+    stats->wait_ns = ctx.wait_ns.load();
+    stats->ack_wait_ns = ack_wait_ns;
   }
   return status.WithContext(what);
 }

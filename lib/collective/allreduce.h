@@ -27,10 +27,13 @@
 // of the residual that moved to another owner.
 //
 // Failure: every wait is bounded by `deadline`. A peer that never answers makes AllReduce return
-// kDeadlineExceeded naming the peer, phase and chunk; the other ranks, waiting on the same peer
-// or on a rank that gave up, fail the same way by the same deadline. Nothing is ever left
-// half-written silently: on error the contents of `data` are unspecified (partly reduced) and the
-// caller must not use them.
+// kDeadlineExceeded naming the peer, phase and chunk. A rank whose operation fails once it has
+// started (deadline, a failed peer, a corrupt frame; not a request rejected before it touched
+// the transport) calls Transport::Abort, so the other ranks' waits end at once with kAborted
+// naming that rank and its reason instead of each waiting for its deadline; a rank that failed
+// because of such an abort does not echo it. The transport then drops the operation's messages,
+// buffered and late. Nothing is ever left half-written silently: on error the contents of `data`
+// are unspecified (partly reduced) and the caller must not use them.
 #ifndef STRAIT_LIB_COLLECTIVE_ALLREDUCE_H_
 #define STRAIT_LIB_COLLECTIVE_ALLREDUCE_H_
 
@@ -56,7 +59,8 @@ struct AllReduceRequest {
   std::string tensor_key;
   // Distinguishes this operation's messages from those of any other operation in flight on the
   // same transport: equal on every rank, different for concurrent operations (e.g. a per-job
-  // step counter combined with the job's index). Only the low 38 bits are used.
+  // step counter combined with the job's index). Only the low 38 bits are used. Never reuse the
+  // id of an operation that failed: its abort makes every rank drop that id's messages (Mailbox).
   uint64_t op_id = 0;
 
   DataType dtype = DataType::kFloat32;
@@ -74,6 +78,22 @@ struct AllReduceRequest {
   // shared with other ranks' threads (each gateway has its own store).
   ErrorFeedbackStore* feedback = nullptr;
 
+  // Per-link codecs (optional; the gateway's `auto` policy fills them: see gateway/policy.h).
+  // Indexed by rank, this rank included; empty = `codec` for every frame. The other fields of
+  // CodecOptions come from `codec`, which still fixes the plan's chunk alignment and so must be
+  // the same on every rank.
+  //   send_codecs[p]    this rank's input frames (and ring partial sums) to rank p.
+  //   result_codecs[p]  this rank's owner results to rank p (the ring: to the next rank, which
+  //                     forwards the same frame). Either one lossy codec in every entry (one
+  //                     frame for all: bit-identity) or lossless entries, which may differ (they
+  //                     decode to the same values). The owner decodes its own result from the
+  //                     frame of result_codecs[rank].
+  //   accept_codecs     the codecs a received frame may use (frames name their codec); empty =
+  //                     only codec.codec. Anything else fails the operation: codec mismatch.
+  std::vector<CodecId> send_codecs;
+  std::vector<CodecId> result_codecs;
+  std::vector<CodecId> accept_codecs;
+
   // Per-owner bandwidth estimates (any unit, > 0); empty = equal shards. Same on every rank.
   std::vector<uint64_t> shard_weights;
   // Elements per pipelined chunk (rounded up to the codec block size).
@@ -85,6 +105,10 @@ struct AllReduceRequest {
   // Every wait ends by then. The default is taken when the request is built, not when
   // AllReduce is called: set it per call.
   Deadline deadline = Deadline::AfterSeconds(60);
+
+  // Carried verbatim with this rank's abort if the operation fails here (Transport::Abort); the
+  // gateway puts the job's numbering in it. At most 4 KiB.
+  std::string abort_note;
 };
 
 // What an AllReduce did, for metrics and logs.
@@ -93,6 +117,15 @@ struct AllReduceStats {
   uint64_t bytes_sent = 0;      // frame bytes handed to the transport, self-sends excluded
   uint64_t bytes_received = 0;  // frame bytes taken from the transport, self-sends excluded
   uint64_t chunks = 0;          // chunks in the plan
+  // Where the time went, summed over the operation's two threads (so they may add up to more
+  // than the wall time): codec work (encoding inputs, partials and results; decoding frames into
+  // the accumulator, own input added; decoding results), waiting for frames from the transport,
+  // and, once done, waiting for the last sends to be acknowledged.
+  int64_t encode_ns = 0;
+  int64_t reduce_ns = 0;
+  int64_t decode_ns = 0;
+  int64_t wait_ns = 0;
+  int64_t ack_wait_ns = 0;
 };
 
 // The PlanOptions AllReduce uses for `request` on a world of `world` ranks (for inspection and

@@ -26,8 +26,9 @@ uint64_t Mix(uint64_t x) {
 }
 
 // Salt 0 is an owner's result; 1 + rank is what that rank encodes of its input or partial sums.
-CodecOptions OptionsFor(const OpContext& ctx, const Chunk& chunk, uint64_t salt) {
+CodecOptions OptionsFor(const OpContext& ctx, const Chunk& chunk, uint64_t salt, CodecId codec) {
   CodecOptions o = ctx.request->codec;
+  o.codec = codec;
   o.seed = Mix(o.seed ^ Mix(salt));
   o.index_offset = o.index_offset + chunk.begin;
   return o;
@@ -43,6 +44,31 @@ std::string ChunkText(const Chunk& chunk) {
 Status InChunk(Status status, const char* step, const Chunk& chunk) {
   if (status.ok()) return status;
   return status.WithContext(std::string(step) + " " + ChunkText(chunk));
+}
+
+// The codec a received frame is held to: the request's codec, or (with accept_codecs) the
+// frame's own codec if it is one of them. A frame too short to name one is left to the decoder,
+// which reports it truncated; a corrupt header is reported as corrupt, not as a mismatch.
+Status ExpectedCodec(const OpContext& ctx, std::span<const uint8_t> frame, const char* step,
+                     const Chunk& chunk, CodecId* codec) {
+  const AllReduceRequest& r = *ctx.request;
+  *codec = r.codec.codec;
+  if (r.accept_codecs.empty() || frame.size() < kFrameHeaderSize) return Status::Ok();
+  const CodecId named = static_cast<CodecId>(frame[8]);  // the header's codec byte
+  if (std::find(r.accept_codecs.begin(), r.accept_codecs.end(), named) !=
+      r.accept_codecs.end()) {
+    *codec = named;
+    return Status::Ok();
+  }
+  STRAIT_RETURN_IF_ERROR(InChunk(InspectFrame(frame).status(), step, chunk));
+  std::string accepted;
+  for (CodecId c : r.accept_codecs) {
+    accepted += std::string(accepted.empty() ? "" : ", ") + CodecName(c);
+  }
+  return InChunk(InvalidArgumentError(std::string("codec mismatch: the frame is ") +
+                                      CodecName(named) + ", this operation accepts " + accepted +
+                                      " (do the regions' policies for the job differ?)"),
+                 step, chunk);
 }
 
 }  // namespace
@@ -99,6 +125,7 @@ void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> fram
 
 Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
                  std::vector<uint8_t>* out) {
+  const PhaseTimer timer(ctx.wait_ns);
   const Deadline deadline = ctx.request->deadline;
   while (true) {
     if (ctx.cancelled()) return CancelledError("stopped: the all-reduce failed elsewhere");
@@ -117,8 +144,28 @@ Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, cons
   }
 }
 
-Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, std::vector<uint8_t>* out) {
-  const CodecOptions o = OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank));
+bool AnyLossy(const AllReduceRequest& r) {
+  auto lossy = [](const std::vector<CodecId>& v) {
+    return std::any_of(v.begin(), v.end(), [](CodecId c) { return IsLossyCodec(c); });
+  };
+  return IsLossyCodec(r.codec.codec) || lossy(r.send_codecs) || lossy(r.result_codecs);
+}
+
+CodecId SendCodec(const OpContext& ctx, int peer) {
+  const auto& v = ctx.request->send_codecs;
+  return v.empty() ? ctx.request->codec.codec : v[static_cast<size_t>(peer)];
+}
+
+CodecId ResultCodec(const OpContext& ctx, int peer) {
+  const auto& v = ctx.request->result_codecs;
+  return v.empty() ? ctx.request->codec.codec : v[static_cast<size_t>(peer)];
+}
+
+Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, int to,
+                   std::vector<uint8_t>* out) {
+  const PhaseTimer timer(ctx.encode_ns);
+  const CodecOptions o =
+      OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank), SendCodec(ctx, to));
   const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
   const DataType dtype = ctx.request->dtype;
   if (!ctx.send_residual.empty()) {
@@ -131,8 +178,11 @@ Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, std::vector<ui
 
 Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame,
                        const Chunk& chunk, bool first, float* facc, uint8_t* tacc) {
+  const PhaseTimer timer(ctx.reduce_ns);
   DecodeExpectations expect;
-  expect.codec = ctx.request->codec.codec;
+  CodecId codec;
+  STRAIT_RETURN_IF_ERROR(ExpectedCodec(ctx, frame, "accumulating", chunk, &codec));
+  expect.codec = codec;
   expect.element_count = chunk.count;
   if (ctx.float_path) {
     // Partial sums of the ring travel as fp32 frames, inputs in the element type; both decode
@@ -154,6 +204,7 @@ Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame
 }
 
 Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc) {
+  const PhaseTimer timer(ctx.reduce_ns);
   const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
   if (ctx.float_path) {
     w.floats.resize(chunk.count);
@@ -164,9 +215,11 @@ Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, u
   return ReduceInPlace(ctx.request->dtype, ctx.exact_op, src, tacc, chunk.count);
 }
 
-Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, const float* facc,
+Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, int to, const float* facc,
                      const uint8_t* tacc, std::vector<uint8_t>* out) {
-  const CodecOptions o = OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank));
+  const PhaseTimer timer(ctx.encode_ns);
+  const CodecOptions o =
+      OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank), SendCodec(ctx, to));
   if (!ctx.float_path) {
     return InChunk(w.encoder.Encode(tacc, chunk.count, ctx.request->dtype, o, out),
                    "encoding partial", chunk);
@@ -180,46 +233,79 @@ Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, const float*
                  "encoding partial", chunk);
 }
 
-Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
-                    std::vector<uint8_t>* out) {
+Status EncodeResults(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
+                     std::span<const CodecId> codecs, std::vector<std::vector<uint8_t>>* outs) {
+  const PhaseTimer timer(ctx.encode_ns);
   const AllReduceRequest& r = *ctx.request;
-  const CodecOptions o = OptionsFor(ctx, chunk, 0);
+  outs->resize(codecs.size());
   if (!ctx.float_path) {
     if (r.op == ReduceOp::kAvg) {
       STRAIT_RETURN_IF_ERROR(
           DivideInPlace(r.dtype, tacc, chunk.count, static_cast<uint64_t>(ctx.world)));
     }
-    return InChunk(w.encoder.Encode(tacc, chunk.count, r.dtype, o, out), "encoding result", chunk);
+    for (size_t i = 0; i < codecs.size(); ++i) {
+      STRAIT_RETURN_IF_ERROR(InChunk(w.encoder.Encode(tacc, chunk.count, r.dtype,
+                                                      OptionsFor(ctx, chunk, 0, codecs[i]),
+                                                      &(*outs)[i]),
+                                     "encoding result", chunk));
+    }
+    return Status::Ok();
   }
   if (r.op == ReduceOp::kAvg) {
     const float n = static_cast<float>(ctx.world);
     for (size_t i = 0; i < chunk.count; ++i) facc[i] = facc[i] / n;
   }
-  if (ctx.lossy) {
-    // The result is quantized from fp32: rounding to a 16-bit type first would add a second
-    // error for nothing (the frame's size depends only on the element count).
-    if (!ctx.own_residual.empty()) {
-      return InChunk(w.encoder.EncodeWithFeedback(facc, chunk.count, DataType::kFloat32, o,
-                                                  ctx.own_residual.data() + chunk.begin, out),
-                     "encoding result", chunk);
+  bool converted = false;
+  for (size_t i = 0; i < codecs.size(); ++i) {
+    const CodecOptions o = OptionsFor(ctx, chunk, 0, codecs[i]);
+    std::vector<uint8_t>* out = &(*outs)[i];
+    if (IsLossyCodec(codecs[i])) {
+      // The result is quantized from fp32: rounding to a 16-bit type first would add a second
+      // error for nothing (the frame's size depends only on the element count).
+      if (!ctx.own_residual.empty()) {
+        STRAIT_RETURN_IF_ERROR(
+            InChunk(w.encoder.EncodeWithFeedback(facc, chunk.count, DataType::kFloat32, o,
+                                                 ctx.own_residual.data() + chunk.begin, out),
+                    "encoding result", chunk));
+      } else {
+        STRAIT_RETURN_IF_ERROR(
+            InChunk(w.encoder.Encode(facc, chunk.count, DataType::kFloat32, o, out),
+                    "encoding result", chunk));
+      }
+      continue;
     }
-    return InChunk(w.encoder.Encode(facc, chunk.count, DataType::kFloat32, o, out),
-                   "encoding result", chunk);
+    if (r.dtype == DataType::kFloat32) {
+      STRAIT_RETURN_IF_ERROR(InChunk(w.encoder.Encode(facc, chunk.count, r.dtype, o, out),
+                                     "encoding result", chunk));
+      continue;
+    }
+    if (!converted) {
+      w.bytes.resize(chunk.count * ctx.elem);
+      STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc, w.bytes.data(), r.dtype, chunk.count));
+      converted = true;
+    }
+    STRAIT_RETURN_IF_ERROR(InChunk(w.encoder.Encode(w.bytes.data(), chunk.count, r.dtype, o, out),
+                                   "encoding result", chunk));
   }
-  if (r.dtype == DataType::kFloat32) {
-    return InChunk(w.encoder.Encode(facc, chunk.count, r.dtype, o, out), "encoding result", chunk);
-  }
-  w.bytes.resize(chunk.count * ctx.elem);
-  STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc, w.bytes.data(), r.dtype, chunk.count));
-  return InChunk(w.encoder.Encode(w.bytes.data(), chunk.count, r.dtype, o, out), "encoding result",
-                 chunk);
+  return Status::Ok();
+}
+
+Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
+                    CodecId codec, std::vector<uint8_t>* out) {
+  std::vector<std::vector<uint8_t>> outs;
+  STRAIT_RETURN_IF_ERROR(EncodeResults(ctx, w, chunk, facc, tacc, {&codec, 1}, &outs));
+  *out = std::move(outs[0]);
+  return Status::Ok();
 }
 
 Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, const Chunk& chunk) {
+  const PhaseTimer timer(ctx.decode_ns);
   DecodeExpectations expect;
-  expect.codec = ctx.request->codec.codec;
+  CodecId codec;
+  STRAIT_RETURN_IF_ERROR(ExpectedCodec(ctx, frame, "decoding result", chunk, &codec));
+  expect.codec = codec;
   expect.element_count = chunk.count;
-  expect.dtype = ctx.lossy ? DataType::kFloat32 : ctx.request->dtype;
+  expect.dtype = IsLossyCodec(codec) ? DataType::kFloat32 : ctx.request->dtype;
   return InChunk(w.decoder.Decode(frame, ctx.data + chunk.begin * ctx.elem, chunk.count,
                                   ctx.request->dtype, expect),
                  "decoding result", chunk);

@@ -47,13 +47,15 @@ struct OpContext {
   size_t elem = 4;          // bytes per element of request->dtype
   uint8_t* data = nullptr;  // request->data
   bool float_path = false;  // sum/avg of a float type: fp32 accumulation
-  bool lossy = false;
+  bool lossy = false;       // some frame may be lossy (codec or a per-link codec)
   ReduceOp exact_op = ReduceOp::kSum;  // the op of the exact path (avg reduces as sum)
   std::span<float> send_residual;      // empty: no error feedback
   std::span<float> own_residual;
   SendTracker sends;
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
+  // AllReduceStats' time split, added to by both threads (PhaseTimer).
+  std::atomic<int64_t> encode_ns{0}, reduce_ns{0}, decode_ns{0}, wait_ns{0};
 
   // Records the first failure and tells every thread of the operation to stop.
   void Fail(Status status);
@@ -64,6 +66,19 @@ struct OpContext {
   mutable std::mutex mu_;
   Status first_error_;
   std::atomic<bool> cancelled_{false};
+};
+
+// Adds the time from construction to destruction to `sum` (for AllReduceStats).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(std::atomic<int64_t>& sum) noexcept : sum_(sum), start_(MonotonicNanos()) {}
+  ~PhaseTimer() { sum_.fetch_add(MonotonicNanos() - start_, std::memory_order_relaxed); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  std::atomic<int64_t>& sum_;
+  int64_t start_;
 };
 
 // One thread's codec state and scratch buffers.
@@ -81,8 +96,17 @@ void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> fram
 Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
                  std::vector<uint8_t>* out);
 
-// This rank's input for `chunk` as a frame of the request's dtype (sender residual applied).
-Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, std::vector<uint8_t>* out);
+// Whether the request may make a lossy frame anywhere (codec or a per-link codec).
+bool AnyLossy(const AllReduceRequest& request);
+// The codec of this rank's input (or ring partial) frames to `peer`, and of its owner results to
+// `peer` (see AllReduceRequest::send_codecs / result_codecs).
+CodecId SendCodec(const OpContext& ctx, int peer);
+CodecId ResultCodec(const OpContext& ctx, int peer);
+
+// This rank's input for `chunk` as a frame of the request's dtype (sender residual applied), in
+// the codec for rank `to`.
+Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, int to,
+                   std::vector<uint8_t>* out);
 // acc (fp32 path: `facc`, chunk.count floats; exact path: `tacc`, chunk.count elements) =
 // decoded frame when `first`, else acc op= decoded frame.
 Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame,
@@ -91,11 +115,15 @@ Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame
 Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc);
 // A ring partial sum as a frame: fp32 (lossy codec with the sender residual, or lossless) on the
 // fp32 path, the element type on the exact path.
-Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, const float* facc,
+Status EncodePartial(OpContext& ctx, Worker& w, const Chunk& chunk, int to, const float* facc,
                      const uint8_t* tacc, std::vector<uint8_t>* out);
-// The owner's final frame for `chunk` (avg divided here; owner residual applied). Modifies acc.
+// The owner's final frames for `chunk`, one per entry of `codecs` (avg divided here, once;
+// owner residual applied to the lossy one, of which there is at most one). Modifies acc.
+Status EncodeResults(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
+                     std::span<const CodecId> codecs, std::vector<std::vector<uint8_t>>* outs);
+// EncodeResults for one codec.
 Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
-                    std::vector<uint8_t>* out);
+                    CodecId codec, std::vector<uint8_t>* out);
 // Decodes a final frame into the caller's buffer at the chunk's place.
 Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, const Chunk& chunk);
 

@@ -30,6 +30,17 @@ class LocalWorld::Rank final : public Transport {
     return world_->mailboxes_[static_cast<size_t>(rank_)]->Receive(peer, tag, deadline, out);
   }
 
+  void Abort(uint64_t op_id, const Status& why, const std::string& /*note*/) override {
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank_ && world_->failed_[static_cast<size_t>(r)].load(std::memory_order_acquire)) {
+        continue;
+      }
+      world_->mailboxes_[static_cast<size_t>(r)]->Abort(
+          op_id, AbortedError((r == rank_ ? std::string("this rank") : PeerName(rank_)) +
+                              " aborted the operation: " + why.ToString()));
+    }
+  }
+
  private:
   LocalWorld* world_;
   int rank_;

@@ -9,7 +9,8 @@
 //
 // A send is delivered into the peer's mailbox at once and completes with OK before Send
 // returns. FailRank() simulates a rank whose gateway vanished: receives from it fail with the
-// given status and sends to it complete with that status.
+// given status and sends to it complete with that status. Abort() reaches every rank at once
+// (every rank's mailbox forgets the operation; see Transport::Abort), except ranks marked failed.
 #ifndef STRAIT_LIB_COLLECTIVE_LOCAL_TRANSPORT_H_
 #define STRAIT_LIB_COLLECTIVE_LOCAL_TRANSPORT_H_
 
@@ -34,6 +35,8 @@ class LocalWorld {
   Transport& transport(int rank);
   // Messages delivered to `rank` and not yet received.
   size_t BufferedMessages(int rank) const;
+  // Rank `rank`'s mailbox (to inspect dropped messages and forgotten ops in tests).
+  const Mailbox& mailbox(int rank) const { return *mailboxes_.at(static_cast<size_t>(rank)); }
 
   // Marks `rank` as gone: everyone's receives from it and sends to it fail with `why`.
   void FailRank(int rank, Status why);

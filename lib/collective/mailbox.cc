@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "collective/transport.h"
+
 namespace strait::collective {
 namespace {
 
@@ -27,6 +29,10 @@ std::string Mailbox::Name(int peer) const {
 void Mailbox::Deliver(int peer, uint64_t tag, std::vector<uint8_t> bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (forgotten_.count(OpOfTag(tag)) > 0) {
+      ++dropped_messages_;
+      return;
+    }
     buffered_bytes_ += bytes.size();
     ++buffered_messages_;
     messages_[{peer, tag}].push_back(std::move(bytes));
@@ -41,7 +47,9 @@ Status Mailbox::Receive(int peer, uint64_t tag, Deadline deadline, std::vector<u
   }
   std::unique_lock<std::mutex> lock(mu_);
   const auto key = std::make_pair(peer, tag);
+  const uint64_t op = OpOfTag(tag);
   while (true) {
+    if (auto f = forgotten_.find(op); f != forgotten_.end()) return f->second;
     auto it = messages_.find(key);
     if (it != messages_.end()) {
       *out = std::move(it->second.front());
@@ -80,11 +88,11 @@ void Mailbox::ClearPeerFailure(int peer) {
   failures_[static_cast<size_t>(peer)] = Status::Ok();
 }
 
-size_t Mailbox::Discard(uint64_t lo, uint64_t hi) {
-  std::lock_guard<std::mutex> lock(mu_);
+template <typename Pred>
+size_t Mailbox::DropLocked(Pred pred) {
   size_t dropped = 0;
   for (auto it = messages_.begin(); it != messages_.end();) {
-    if (it->first.second >= lo && it->first.second <= hi) {
+    if (pred(it->first.first, it->first.second)) {
       for (const auto& m : it->second) buffered_bytes_ -= m.size();
       dropped += it->second.size();
       buffered_messages_ -= it->second.size();
@@ -94,6 +102,64 @@ size_t Mailbox::Discard(uint64_t lo, uint64_t hi) {
     }
   }
   return dropped;
+}
+
+size_t Mailbox::Discard(uint64_t lo, uint64_t hi) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DropLocked([lo, hi](int, uint64_t tag) { return tag >= lo && tag <= hi; });
+}
+
+size_t Mailbox::ForgetLocked(uint64_t op_id, Status why) {
+  op_id &= kOpIdMask;
+  // A scan of every buffered key: an operation has at most a few hundred messages buffered, and
+  // forgetting happens once per failed operation.
+  const size_t dropped =
+      DropLocked([op_id](int, uint64_t tag) { return OpOfTag(tag) == op_id; });
+  if (forgotten_.emplace(op_id, std::move(why)).second) {
+    forgotten_order_.push_back(op_id);
+    if (forgotten_order_.size() > kMaxForgottenOps) {
+      forgotten_.erase(forgotten_order_.front());
+      forgotten_order_.pop_front();
+    }
+  }
+  return dropped;
+}
+
+size_t Mailbox::Discard(uint64_t op_id) {
+  size_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped = ForgetLocked(op_id, CancelledError("operation " + TagText(op_id) +
+                                                 " was discarded on this rank"));
+  }
+  cv_.notify_all();
+  return dropped;
+}
+
+size_t Mailbox::Abort(uint64_t op_id, Status why) {
+  if (why.ok()) why = AbortedError("operation " + TagText(op_id) + " was aborted");
+  size_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped = ForgetLocked(op_id, std::move(why));
+  }
+  cv_.notify_all();
+  return dropped;
+}
+
+size_t Mailbox::DiscardPeer(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DropLocked([peer](int p, uint64_t) { return p == peer; });
+}
+
+uint64_t Mailbox::DroppedMessages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_messages_;
+}
+
+size_t Mailbox::ForgottenOps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return forgotten_.size();
 }
 
 size_t Mailbox::BufferedMessages() const {

@@ -1,18 +1,37 @@
 // A Transport over strait::net links: how gateways run the collective across regions.
 //
 // Each rank is a gateway; rank i talks to rank j over one net::Link (a TLS stream pool), using
-// one link channel reserved for collective traffic. A message is the tag and a small header
-// before the payload:
+// link channels reserved for collective traffic. A message is a 24-byte header and a payload:
 //   off size field (little-endian)
-//     0    1 version (kNetTransportVersion = 1)
-//     1    1 kind (0 = data)
+//     0    1 version (kNetTransportVersion = 2)
+//     1    1 kind: 0 = data, 1 = abort, 2 = hello (explicit values, never renumbered)
 //     2    2 reserved, zero
 //     4    4 the sender's rank
-//     8    8 tag
-//    16    . payload
-// A message with another version or kind, a wrong sender rank or a short header is a protocol
-// error: that peer is marked failed (kDataLoss), so the waits on it end at once with the reason.
-// Messages to this rank itself never touch the network.
+//     8    8 data: the tag; abort: the op id; hello: zero
+//    16    8 the sender's incarnation (random, nonzero, new each time the process starts)
+//    24    . data: the payload; abort: u32 reason length, the reason (UTF-8), then the note
+//              (the rest); hello: nothing
+// A message with another version, a wrong sender rank, a zero incarnation or a short header is a
+// protocol error: that peer is marked failed (kDataLoss), so the waits on it end at once with the
+// reason. A kind this build does not know is dropped with a warning (so that later versions may
+// add kinds without breaking this one). Messages to this rank itself never touch the network.
+//
+// Wire versions: version 1 (the first straitd slice, never released) had a 16-byte header
+// without the incarnation and only kind 0. A version-1 peer and this build refuse each other's
+// messages with a version error naming both versions; upgrade every gateway of a shard together.
+//
+// Aborts (kind 1): Abort(op, why, note) sends one to every peer with a link. The receiver's
+// mailbox forgets that op (its buffered and late messages are dropped, see Mailbox) and its
+// receives fail with kAborted "rank N (region) aborted the operation: <why>"; then the abort
+// listener (SetAbortListener) gets the note (the gateway resets that job's numbering with it).
+//
+// Incarnations and restarts: every message carries its sender's incarnation. SetLink sends a
+// hello on the new link, so that the peer learns this incarnation even before any operation.
+// When a message from peer p carries an incarnation other than the one known for p, p restarted:
+// everything buffered from its old incarnation is dropped, p's failure is cleared, and messages
+// still arriving from an old incarnation are dropped. PeerIncarnation(p) is p's incarnation as
+// last heard on its current link (0 until something arrived on it), which the gateway uses to
+// number operations per set of live processes.
 //
 // Usage:
 //   NetTransport transport(my_rank, world, names);
@@ -23,8 +42,10 @@
 //   AllReduce(transport, request);
 //
 // A send completes when the peer acknowledged it; a link that fails (kUnavailable: peer
-// unreachable or closed) also fails that peer in the mailbox, so receives from it end at once.
-// Thread-safe. Receivers hold the mailbox by shared pointer and may outlive the transport.
+// unreachable or closed) also fails that peer in the mailbox, so receives from it end at once,
+// unless that link was replaced by a newer one meanwhile (the old link of a restarted peer
+// fails long after its new link came up). Thread-safe. Receivers hold the shared state by shared
+// pointer and may outlive the transport.
 #ifndef STRAIT_LIB_COLLECTIVE_NET_TRANSPORT_H_
 #define STRAIT_LIB_COLLECTIVE_NET_TRANSPORT_H_
 
@@ -44,27 +65,56 @@ class Link;
 
 namespace strait::collective {
 
-inline constexpr uint8_t kNetTransportVersion = 1;
-inline constexpr size_t kNetTransportHeaderSize = 16;
+inline constexpr uint8_t kNetTransportVersion = 2;
+inline constexpr size_t kNetTransportHeaderSize = 24;
+enum class NetMessageKind : uint8_t {
+  kData = 0,
+  kAbort = 1,
+  kHello = 2,
+};
+// Abort reasons and notes longer than these are cut.
+inline constexpr size_t kMaxAbortReasonBytes = 1024;
+inline constexpr size_t kMaxAbortNoteBytes = 4096;
 // The link channel collective messages use unless told otherwise.
 inline constexpr uint32_t kDefaultCollectiveChannel = 16;
+// Channels [kDefaultCollectiveChannel, + kCollectiveChannelCount) are the gateway's collective
+// lanes (16..31); other link users (tunnels) must stay out of them.
+inline constexpr uint32_t kCollectiveChannelCount = 16;
 
 class NetTransport final : public Transport {
  public:
   // Same signature as net::MessageCallback.
   using Receiver = std::function<void(uint32_t channel, std::vector<uint8_t> message)>;
+  // Runs for each abort a peer sent, after the mailbox forgot the op: the peer, the op id (low
+  // 38 bits) and the note it carried. Runs on a link's I/O thread; must not block.
+  using AbortListener = std::function<void(int peer, uint64_t op_id, const std::string& note)>;
 
-  // `names[i]` (optional) names rank i in errors, e.g. its region.
+  // `names[i]` (optional) names rank i in errors, e.g. its region. Messages go out on link
+  // channels [channel, channel + channels): a message's channel is channel + (its tag's op id
+  // mod channels). The link cuts channels round-robin, so operations on different channels share
+  // it fairly (the gateway puts a job's lane in its op ids: one channel per job). Any channel
+  // keeps correctness, since messages are matched by tag.
   NetTransport(int rank, int size, std::vector<std::string> names = {},
-               uint32_t channel = kDefaultCollectiveChannel);
+               uint32_t channel = kDefaultCollectiveChannel, uint32_t channels = 1);
   ~NetTransport() override;
 
   // The message callback for the link to `peer`. Messages on other channels go to `other`
   // (dropped when it is empty). Thread-safe; may be called before SetLink.
   Receiver ReceiverFor(int peer, Receiver other = nullptr);
-  // The link that carries messages to `peer`; replaces an earlier one and clears the peer's
-  // failure. Thread-safe.
+  // The link that carries messages to `peer`; replaces an earlier one, clears the peer's
+  // failure and sends this incarnation's hello on it. Until a message arrives on a replacing
+  // link, PeerIncarnation(peer) is 0. Thread-safe.
   void SetLink(int peer, std::shared_ptr<net::Link> link);
+  // Replaces the abort listener (nullptr: none). Thread-safe.
+  void SetAbortListener(AbortListener listener);
+
+  // This process's incarnation (random, nonzero).
+  uint64_t incarnation() const { return incarnation_; }
+  // `peer`'s incarnation as heard on its current link; this rank's own for rank(); 0 while
+  // unknown (nothing arrived yet on the current link). Thread-safe.
+  uint64_t PeerIncarnation(int peer) const;
+  // How many times a peer was seen to restart (a new incarnation). Thread-safe.
+  uint64_t PeerRestarts() const;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -72,18 +122,28 @@ class NetTransport final : public Transport {
   void Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Deadline deadline,
             SendDone done) override;
   Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) override;
+  void Abort(uint64_t op_id, const Status& why, const std::string& note = "") override;
 
   // Messages received and not yet taken (for tests and metrics).
-  size_t BufferedMessages() const { return mailbox_->BufferedMessages(); }
+  size_t BufferedMessages() const;
+  // The mailbox (for tests and metrics: dropped messages, forgotten ops).
+  const Mailbox& mailbox() const;
 
  private:
   const int rank_;
   const int size_;
   const std::vector<std::string> names_;
   const uint32_t channel_;
-  std::shared_ptr<Mailbox> mailbox_;
-  mutable std::mutex mu_;
-  std::vector<std::shared_ptr<net::Link>> links_;
+  const uint32_t channels_;
+  const uint64_t incarnation_;
+  // What the receivers and send completions share with the transport (see the .cc).
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
+
+  // Frames and sends one message (any kind) to `peer` over `link`.
+  void SendOn(const std::shared_ptr<net::Link>& link, int peer, NetMessageKind kind,
+              uint64_t tag, const uint8_t* payload, size_t size, uint32_t lane,
+              Deadline deadline, SendDone done);
 };
 
 }  // namespace strait::collective

@@ -37,9 +37,10 @@ Status RunRing(OpContext& ctx) {
       if (c < plan.ChunkCount(send_seg)) {
         const Chunk& chunk = plan.ChunkOf(send_seg, c);
         if (s == 0) {
-          STRAIT_RETURN_IF_ERROR(EncodeInput(ctx, w, chunk, &frame));
+          STRAIT_RETURN_IF_ERROR(EncodeInput(ctx, w, chunk, next, &frame));
         } else {
-          STRAIT_RETURN_IF_ERROR(EncodePartial(ctx, w, chunk, fat(chunk), tat(chunk), &frame));
+          STRAIT_RETURN_IF_ERROR(
+              EncodePartial(ctx, w, chunk, next, fat(chunk), tat(chunk), &frame));
         }
         SendFrame(ctx, next, MakeTag(op, TagPhase::kRingScatter, chunk.id), std::move(frame));
         frame = {};
@@ -54,7 +55,8 @@ Status RunRing(OpContext& ctx) {
         if (recv_seg == r) {
           // The segment is complete here: encode it once, for everyone.
           STRAIT_RETURN_IF_ERROR(
-              EncodeResult(ctx, w, chunk, fat(chunk), tat(chunk), &finals[chunk.id]));
+              EncodeResult(ctx, w, chunk, fat(chunk), tat(chunk), ResultCodec(ctx, next),
+                           &finals[chunk.id]));
           STRAIT_RETURN_IF_ERROR(DecodeResult(ctx, w, finals[chunk.id], chunk));
         }
       }

@@ -12,6 +12,11 @@
 //
 // Tags: the algorithms build them with MakeTag() from the operation's id (which the caller makes
 // unique per concurrent operation and equal on every rank), a phase and a chunk number.
+//
+// Aborts: when an operation fails on one rank, Abort() tells every rank of the transport, so that
+// their receives of that operation end at once with the reason (kAborted, naming the rank that
+// aborted) instead of each waiting for its own deadline, and so that the operation's buffered and
+// late messages are dropped.
 #ifndef STRAIT_LIB_COLLECTIVE_TRANSPORT_H_
 #define STRAIT_LIB_COLLECTIVE_TRANSPORT_H_
 
@@ -51,10 +56,20 @@ class Transport {
   // transport knows the peer is gone; kInvalidArgument for a peer out of range. Thread-safe:
   // several threads may wait at once (on different tags).
   virtual Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) = 0;
+
+  // Operation `op_id` failed on this rank with `why`: tells every other rank (best effort: a
+  // peer whose link is down misses it and ends by its own deadline) and drops the operation's
+  // messages here, now and when they arrive later. On every rank, receives of the operation then
+  // fail with kAborted naming this rank and `why`. `note` is carried verbatim to the other ranks'
+  // abort listeners (NetTransport: the gateway puts the job's numbering there; at most 4 KiB).
+  // Thread-safe; never blocks. The default does nothing (transports without aborts).
+  virtual void Abort(uint64_t op_id, const Status& why, const std::string& note = "");
 };
 
 // Tag layout: [63..26] operation id (low 38 bits), [25..24] phase, [23..0] chunk number.
 inline constexpr int kTagChunkBits = 24;
+inline constexpr int kOpIdBits = 38;
+inline constexpr uint64_t kOpIdMask = (uint64_t{1} << kOpIdBits) - 1;
 inline constexpr uint32_t kMaxTagChunks = uint32_t{1} << kTagChunkBits;
 
 enum class TagPhase : uint8_t {
@@ -68,6 +83,9 @@ constexpr uint64_t MakeTag(uint64_t op_id, TagPhase phase, uint32_t chunk) noexc
   return (op_id << (kTagChunkBits + 2)) | (static_cast<uint64_t>(phase) << kTagChunkBits) |
          (chunk & (kMaxTagChunks - 1));
 }
+
+// The operation id a tag belongs to (the op id given to MakeTag, low 38 bits).
+constexpr uint64_t OpOfTag(uint64_t tag) noexcept { return tag >> (kTagChunkBits + 2); }
 
 }  // namespace strait::collective
 

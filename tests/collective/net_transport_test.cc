@@ -1,10 +1,14 @@
 // The all-reduce over real strait::net links: three gateways ("regions") on 127.0.0.1 with TLS
 // and throwaway certificates, a full mesh of links, a lossless and a lossy all-reduce that agree
-// bit for bit on every rank, and a malformed message that fails the peer at once.
+// bit for bit on every rank, a malformed message that fails the peer at once, an abort that ends
+// the other gateways' waits with its reason and note, hellos that make incarnations known, and a
+// peer's new incarnation that drops its old messages.
 #include "collective/net_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -209,6 +213,109 @@ TEST_F(CollectiveOverNet, MalformedMessageFailsThePeerAtOnce) {
   EXPECT_NE(s.message().find("rank 1 (eu)"), std::string::npos) << s;
   EXPECT_NE(s.message().find("version 99"), std::string::npos) << s;
   EXPECT_LT(watch.ElapsedSeconds(), 10.0);
+}
+
+// Waits until every gateway heard every peer's hello.
+void WaitForIncarnations(Gateway* gateways) {
+  const Deadline until = Deadline::AfterSeconds(20);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int p = 0; p < kWorld; ++p) {
+      while (gateways[r].transport->PeerIncarnation(p) == 0 && !until.Expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EXPECT_EQ(gateways[r].transport->PeerIncarnation(p), gateways[p].transport->incarnation())
+          << "rank " << r << " about rank " << p;
+    }
+  }
+}
+
+TEST_F(CollectiveOverNet, AbortEndsThePeersWaitsWithTheReasonAndCarriesTheNote) {
+  WaitForIncarnations(gateways_);
+  std::mutex mu;
+  std::vector<std::string> notes;
+  for (int r = 0; r < 2; ++r) {
+    gateways_[r].transport->SetAbortListener(
+        [&mu, &notes, r](int peer, uint64_t op, const std::string& note) {
+          std::lock_guard<std::mutex> lock(mu);
+          notes.push_back(std::to_string(r) + "<-" + std::to_string(peer) + " op " +
+                          std::to_string(op) + " " + note);
+        });
+  }
+  constexpr uint64_t kOp = 1234;
+  // Rank 1 already sent rank 0 a frame of the op: the abort frees it.
+  gateways_[1].transport->Send(0, MakeTag(kOp, TagPhase::kMeshScatter, 0), {1, 2, 3},
+                               Deadline::AfterSeconds(10), [](Status) {});
+  Status waited;
+  Stopwatch watch;
+  std::thread waiter([&] {
+    std::vector<uint8_t> out;
+    waited = gateways_[0].transport->Recv(2, MakeTag(kOp, TagPhase::kMeshGather, 0),
+                                          Deadline::AfterSeconds(30), &out);
+  });
+  gateways_[2].transport->Abort(kOp, DeadlineExceededError("the test gave up"), "note-x");
+  waiter.join();
+  EXPECT_EQ(waited.code(), StatusCode::kAborted) << waited;
+  EXPECT_NE(waited.message().find("rank 2 (ap) aborted the operation"), std::string::npos)
+      << waited;
+  EXPECT_NE(waited.message().find("the test gave up"), std::string::npos) << waited;
+  EXPECT_LT(watch.ElapsedSeconds(), 10.0);
+  const Deadline until = Deadline::AfterSeconds(10);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (notes.size() == 2 || until.Expired()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  std::sort(notes.begin(), notes.end());
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0], "0<-2 op 1234 note-x");
+  EXPECT_EQ(notes[1], "1<-2 op 1234 note-x");
+  EXPECT_EQ(gateways_[0].transport->BufferedMessages(), 0u);
+}
+
+TEST_F(CollectiveOverNet, ANewIncarnationDropsThePeersOldMessages) {
+  WaitForIncarnations(gateways_);
+  const uint64_t old_tag = MakeTag(7, TagPhase::kMeshScatter, 0);
+  gateways_[1].transport->Send(0, old_tag, {1, 2, 3}, Deadline::AfterSeconds(10), [](Status) {});
+  const Deadline until = Deadline::AfterSeconds(10);
+  while (gateways_[0].transport->BufferedMessages() < 1 && !until.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(gateways_[0].transport->BufferedMessages(), 1u);
+  // Rank 1 "restarts": a message with another incarnation arrives on its link.
+  std::shared_ptr<net::Link> link;
+  {
+    std::lock_guard<std::mutex> lock(gateways_[1].mu);
+    link = gateways_[1].links[0];
+  }
+  const uint64_t new_tag = MakeTag(8, TagPhase::kMeshScatter, 0);
+  std::vector<uint8_t> m(kNetTransportHeaderSize + 1, 0);
+  m[0] = kNetTransportVersion;
+  m[1] = static_cast<uint8_t>(NetMessageKind::kData);
+  m[4] = 1;  // sender rank
+  for (int i = 0; i < 8; ++i) m[8 + i] = static_cast<uint8_t>(new_tag >> (8 * i));
+  m[16] = 0x5a;  // incarnation 0x5a
+  m[kNetTransportHeaderSize] = 9;
+  ASSERT_TRUE(link->SendAndWait(kDefaultCollectiveChannel, m, Deadline::AfterSeconds(10)).ok());
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(gateways_[0].transport->Recv(1, new_tag, Deadline::AfterSeconds(10), &out).ok());
+  EXPECT_EQ(out, std::vector<uint8_t>{9});
+  EXPECT_EQ(gateways_[0].transport->PeerRestarts(), 1u);
+  EXPECT_EQ(gateways_[0].transport->PeerIncarnation(1), 0x5au);
+  EXPECT_EQ(gateways_[0].transport->BufferedMessages(), 0u) << "the old incarnation's message";
+  // What the old incarnation still sends is dropped on arrival.
+  Status sent = InternalError("not done");
+  std::atomic<bool> done{false};
+  gateways_[1].transport->Send(0, old_tag, {4}, Deadline::AfterSeconds(10), [&](Status st) {
+    sent = st;
+    done = true;
+  });
+  while (!done && !until.Expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(gateways_[0].transport->Recv(1, old_tag, Deadline::After(200'000'000), &out).code(),
+            StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

@@ -1,0 +1,111 @@
+// Hierarchical all-reduce: the region gateways' intra-region phase around the cross-region
+// all-reduce (the NCCL plugin's CollNet mode; DESIGN.md "Cross-region all-reduce").
+//
+// A region runs m gateways, numbered 0..m-1 by their shard index; each serves one node head
+// that holds the whole tensor. Gateway i of every region takes part in three phases:
+//   1. Intra-region reduce-scatter over `region` (the LAN): the tensor is cut into m shards, as
+//      evenly as possible (MakePlan with equal weights: the first count % m shards get one
+//      element more), and every gateway sends its part of shard j to gateway j, raw and lossless.
+//      Gateway i reduces its shard over the inputs of gateways 0..m-1 in that fixed order: in
+//      fp32 for sum/avg of float32/bfloat16/float16 (rounded once to the element type; avg
+//      divides the fp32 sum by m first), exactly in the element type for every other pair.
+//   2. Cross-region: the existing AllReduce of shard i over `cross`, the world of the shard-i
+//      gateways of every region, with the request's codec, error feedback and shard weights.
+//      Its result is bit-identical on every region's gateway i.
+//   3. Intra-region all-gather over `region`: gateway i sends its finished shard, raw, to every
+//      other gateway of its region, so every node head of every region ends with the same bytes.
+// With m = 1 phases 1 and 3 move nothing and the result is exactly AllReduce's.
+//
+// Numerics: with a lossless codec, a sum is the fp32 sum over regions in rank order of the
+// regional sums (each the fp32 sum over gateways 0..m-1, rounded to the element type once), i.e.
+// exact for float32 in that order. bfloat16/float16 round twice (once per level): the price of
+// sending the element type, not fp32, over the WAN; every node still gets the same bits. avg of
+// a float type divides by m at the regional level and by n across regions (both in fp32); avg of
+// the other types sums both levels and divides by m x n once at the end (integers truncate).
+// Lossy codecs, as in AllReduce, only for sum/avg of float32/bfloat16/float16.
+//
+// Error feedback and stochastic rounding: the cross-region phase of shard i keeps its residuals
+// under (job, tensor_key + ":region-shard<i>/<m>") when m > 1 (the plain key when m = 1), each
+// the shard's length, and draws its random numbers at the shard's global element positions.
+//
+// Intra-region messages (tags from MakeTag(RegionSide::op_id, kMeshScatter / kMeshGather, chunk
+// id) of the region plan) start with a 16-byte header:
+//   off size field (little-endian)
+//     0    1 version (kHierarchicalVersion = 1)
+//     1    1 kind: 0 = reduce-scatter part, 1 = all-gather result (explicit, never renumbered)
+//     2    1 dtype
+//     3    1 op
+//     4    4 reserved, zero
+//     8    8 the whole tensor's element count
+//    16    . payload: the chunk's elements, raw
+// A part whose dtype, op, count or size differs from this gateway's request fails the operation
+// with kInvalidArgument naming both requests (the node heads did not issue the same
+// all-reduce); an unknown version or kind is kDataLoss.
+//
+// Failure: every wait ends by request.deadline (phase 2 by a moment earlier: a tenth of the time
+// left, at most 2 s, so that a gateway whose cross-region phase times out can still tell its
+// region). A gateway that fails aborts the operation (Transport::Abort) on both transports,
+// except on the one whose abort made it fail: its region peers and its shard's peers in the other
+// regions then stop at once with kAborted naming it and its reason, and the failure spreads
+// through the whole cluster instead of each gateway waiting for its deadline. The aborts carry
+// RegionSide::abort_note and request.abort_note. On error the contents of `data` are unspecified.
+//
+// Threads: everything runs on the calling thread (plus AllReduce's helper thread in phase 2).
+// Thread-safe with respect to other operations on the same transports when their op ids differ.
+#ifndef STRAIT_LIB_COLLECTIVE_HIERARCHICAL_H_
+#define STRAIT_LIB_COLLECTIVE_HIERARCHICAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collective/allreduce.h"
+#include "collective/plan.h"
+#include "collective/transport.h"
+#include "strait/status.h"
+
+namespace strait::collective {
+
+inline constexpr uint8_t kHierarchicalVersion = 1;
+inline constexpr size_t kHierarchicalHeaderSize = 16;
+
+// What a HierarchicalAllReduce did, for metrics and logs.
+struct HierarchicalStats {
+  Shard shard;                     // the part of the tensor this gateway reduced across regions
+  AllReduceStats cross;            // phase 2
+  uint64_t region_bytes_sent = 0;  // phases 1 and 3, headers included
+  uint64_t region_bytes_received = 0;
+};
+
+// The m shards of a tensor of `count` elements, as phase 1 cuts them (the same on every gateway).
+std::vector<Shard> RegionShards(size_t count, int gateways);
+
+// The error-feedback key of the cross-region phase (see the file comment).
+std::string RegionShardKey(const std::string& tensor_key, int shard, int gateways);
+
+// The intra-region side of a HierarchicalAllReduce.
+struct RegionSide {
+  // The region's m gateways; this gateway is rank transport->rank() (its shard index).
+  Transport* transport = nullptr;
+  // The operation's id on `transport`: equal on the region's gateways, different from every
+  // other operation in flight on it. May differ from request.op_id, which is the id on the
+  // cross-region transport (each side numbers operations among its own peers).
+  uint64_t op_id = 0;
+  // Carried with this gateway's abort of the region operation (Transport::Abort).
+  std::string abort_note;
+};
+
+// Runs the hierarchical all-reduce of `request.data` (request.count elements: the whole tensor)
+// on this gateway: rank region.transport->rank() of the region's m gateways and rank
+// cross.rank() of the n regions' gateways of its shard index. Every gateway of every region
+// calls it with the same request (op ids per transport). Blocks until done or the deadline.
+// Errors: kInvalidArgument for a bad request (names the field) or differing requests; the
+// transports' errors (kDeadlineExceeded, kUnavailable) naming the gateway or region; kAborted
+// naming the gateway that failed first and why; AllReduce's errors for phase 2.
+Status HierarchicalAllReduce(const RegionSide& region, Transport& cross,
+                             const AllReduceRequest& request, HierarchicalStats* stats = nullptr);
+
+}  // namespace strait::collective
+
+#endif  // STRAIT_LIB_COLLECTIVE_HIERARCHICAL_H_
