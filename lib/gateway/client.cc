@@ -1,6 +1,7 @@
 // The local-protocol client (see client.h).
 #include "gateway/client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -11,9 +12,30 @@
 
 namespace strait::gateway {
 
-StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
-                                                  Deadline deadline,
-                                                  const std::string& client_name) {
+namespace {
+
+// Reads one reply frame and checks that it answers `expect`.
+StatusOr<Message> ReadReplyFrom(int fd, MessageType expect, Deadline deadline) {
+  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
+                          ReadFrame(fd, kDefaultMaxMessageBytes, deadline));
+  auto reply = DecodeMessage(body);
+  if (!reply.ok()) return reply.status().WithContext("bad reply from the gateway");
+  if (reply->type != MessageType::kReply || reply->reply_to != expect) {
+    return InternalError(std::string("gateway answered a ") + MessageTypeName(expect) +
+                         " request with a " + MessageTypeName(reply->type) + " to " +
+                         MessageTypeName(reply->reply_to));
+  }
+  return reply;
+}
+
+Status WriteRequest(int fd, const Message& request, Deadline deadline) {
+  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, EncodeMessage(request));
+  return WriteAll(fd, frame, deadline);
+}
+
+// Connects to the gateway's socket and exchanges hellos; returns the connected fd.
+StatusOr<int> DialGateway(const std::string& socket_path, Deadline deadline,
+                          const std::string& client_name) {
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
     return InvalidArgumentError("gateway socket path \"" + socket_path + "\" must be 1-" +
@@ -25,16 +47,21 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return UnavailableError(std::string("socket(): ") + std::strerror(errno));
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-      std::unique_ptr<Client> client(new Client(fd));  // private constructor
       Message hello;
       hello.type = MessageType::kHello;
       hello.client_name = client_name;
-      auto reply = client->Call(hello, deadline);
-      if (!reply.ok()) return reply.status().WithContext("gateway at " + socket_path);
+      Status s = WriteRequest(fd, hello, deadline);
+      StatusOr<Message> reply =
+          s.ok() ? ReadReplyFrom(fd, MessageType::kHello, deadline) : StatusOr<Message>(s);
+      if (!reply.ok()) {
+        ::close(fd);
+        return reply.status().WithContext("gateway at " + socket_path);
+      }
       if (reply->code != StatusCode::kOk) {
+        ::close(fd);
         return Status(reply->code, "gateway at " + socket_path + ": " + reply->text);
       }
-      return client;
+      return fd;
     }
     const int err = errno;
     ::close(fd);
@@ -45,6 +72,14 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path
     }
     ::usleep(20'000);
   }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, Deadline deadline,
+                                                  const std::string& client_name) {
+  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, client_name));
+  return std::unique_ptr<Client>(new Client(fd));  // private constructor
 }
 
 Client::~Client() {
@@ -96,12 +131,25 @@ StatusOr<std::string> Client::RegisterJob(const std::string& job, const std::str
 
 Status Client::AllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                          ReduceOp op, void* data, size_t count, Deadline deadline) {
+  return AllReduceAs(MessageType::kAllReduce, job, tensor_key, dtype, op, data, count, deadline);
+}
+
+Status Client::RegionAllReduce(const std::string& job, const std::string& tensor_key,
+                               DataType dtype, ReduceOp op, void* data, size_t count,
+                               Deadline deadline) {
+  return AllReduceAs(MessageType::kRegionAllReduce, job, tensor_key, dtype, op, data, count,
+                     deadline);
+}
+
+Status Client::AllReduceAs(MessageType type, const std::string& job,
+                           const std::string& tensor_key, DataType dtype, ReduceOp op, void* data,
+                           size_t count, Deadline deadline) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = DataTypeSize(dtype);
   if (elem == 0) return InvalidArgumentError("all-reduce: invalid dtype");
   if (count > 0 && data == nullptr) return InvalidArgumentError("all-reduce: data is null");
   Message m;
-  m.type = MessageType::kAllReduce;
+  m.type = type;
   m.job = job;
   m.tensor_key = tensor_key;
   m.dtype = dtype;
@@ -146,6 +194,172 @@ StatusOr<Message> Client::SendRawForTest(const std::vector<uint8_t>& bytes, Dead
   auto body = ReadFrame(fd_, kDefaultMaxMessageBytes, deadline);
   if (!body.ok()) return body.status();
   return DecodeMessage(*body);
+}
+
+// ---- Tunnels ----------------------------------------------------------------------------------
+
+namespace {
+
+// A reply's tunnel id (connect) from its first 8 data bytes.
+uint64_t TunnelIdOf(const Message& reply) {
+  uint64_t id = 0;
+  for (size_t i = 0; i < 8 && i < reply.data.size(); ++i) id |= uint64_t{reply.data[i]} << (8 * i);
+  return id;
+}
+
+// The gateway answers an open at the deadline it was given; wait a moment longer for its reason.
+Deadline WithMargin(Deadline deadline) {
+  return deadline.IsInfinite() ? deadline
+                               : Deadline::After(deadline.RemainingNanos() + 2'000'000'000);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TunnelConnection>> TunnelConnection::Connect(
+    const std::string& socket_path, const std::string& region, uint32_t shard, uint64_t listen_id,
+    Deadline deadline) {
+  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, "tunnel-connect"));
+  Message m;
+  m.type = MessageType::kTunnelConnect;
+  m.tunnel_region = region;
+  m.tunnel_shard = shard;
+  m.listen_id = listen_id;
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  m.timeout_ms = deadline.IsInfinite()
+                     ? 0
+                     : static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX));
+  Status s = WriteRequest(fd, m, deadline);
+  StatusOr<Message> reply =
+      s.ok() ? ReadReplyFrom(fd, MessageType::kTunnelConnect, WithMargin(deadline))
+             : StatusOr<Message>(s);
+  if (reply.ok() && reply->code != StatusCode::kOk) reply = Status(reply->code, reply->text);
+  if (!reply.ok()) {
+    ::close(fd);
+    return reply.status().WithContext("tunnel to listen id " + std::to_string(listen_id) +
+                                      " of region " + region);
+  }
+  return std::unique_ptr<TunnelConnection>(new TunnelConnection(fd, TunnelIdOf(*reply), region));
+}
+
+TunnelConnection::~TunnelConnection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TunnelConnection::Close() {
+  // shutdown() rather than close(): the fd stays valid for a concurrent Send or Receive, which
+  // then fail; the gateway reads end of file and closes the tunnel for the peer.
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Status TunnelConnection::Send(std::span<const uint8_t> data, uint32_t tag, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (send_broken_) return UnavailableError("tunnel connection failed earlier");
+  Message m;
+  m.type = MessageType::kTunnelData;
+  m.tag = tag;
+  m.data.assign(data.begin(), data.end());
+  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, EncodeMessage(m));
+  Status s = WriteAll(fd_, frame, deadline);
+  if (!s.ok()) {
+    send_broken_ = true;
+    return s.WithContext("tunnel send to region " + peer_region_);
+  }
+  return Status::Ok();
+}
+
+StatusOr<TunnelMessage> TunnelConnection::Receive(Deadline deadline) {
+  std::lock_guard<std::mutex> lock(recv_mu_);
+  if (has_ended_) return ended_;
+  // Wait for the first byte only until the deadline, then read the whole frame (it is on its
+  // way), so that a deadline never cuts a frame in half.
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int64_t left = deadline.RemainingNanos();
+    if (left <= 0) return DeadlineExceededError("no tunnel message from region " + peer_region_);
+    const int ms = static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000));
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) break;
+    if (rc < 0 && errno != EINTR) {
+      return UnavailableError(std::string("poll: ") + std::strerror(errno));
+    }
+  }
+  auto body = ReadFrame(fd_, kDefaultMaxMessageBytes, Deadline::AfterSeconds(60));
+  StatusOr<Message> m = body.ok() ? DecodeMessage(*body) : StatusOr<Message>(body.status());
+  if (m.ok() && m->type == MessageType::kTunnelData) {
+    return TunnelMessage{m->tag, std::move(m->data)};
+  }
+  has_ended_ = true;
+  if (!m.ok()) {
+    ended_ = m.status().code() == StatusCode::kUnavailable
+                 ? UnavailableError("the gateway closed the tunnel to region " + peer_region_ +
+                                    " without a reason")
+                 : m.status().WithContext("tunnel from region " + peer_region_);
+  } else if (m->type != MessageType::kTunnelClose) {
+    ended_ = InternalError(std::string("unexpected ") + MessageTypeName(m->type) +
+                           " message on the tunnel from region " + peer_region_);
+  } else if (m->code == StatusCode::kOk) {
+    ended_ = OutOfRangeError("tunnel closed by the peer: " + m->text);
+  } else {
+    ended_ = Status(m->code, m->text);
+  }
+  return ended_;
+}
+
+StatusOr<std::unique_ptr<TunnelListener>> TunnelListener::Listen(const std::string& socket_path,
+                                                                 Deadline deadline) {
+  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, "tunnel-listen"));
+  std::unique_ptr<TunnelListener> listener(new TunnelListener(socket_path, fd));
+  Message m;
+  m.type = MessageType::kTunnelListen;
+  STRAIT_RETURN_IF_ERROR(WriteRequest(fd, m, deadline));
+  STRAIT_ASSIGN_OR_RETURN(Message reply, ReadReplyFrom(fd, MessageType::kTunnelListen, deadline));
+  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
+  STRAIT_ASSIGN_OR_RETURN(TunnelEvent e, DecodeTunnelEvent(reply.data));
+  if (e.kind != TunnelEventKind::kListening) {
+    return InternalError("the gateway answered a listen with a tunnel event of kind " +
+                         std::to_string(static_cast<int>(e.kind)));
+  }
+  listener->listen_id_ = e.id;
+  listener->region_ = e.region;
+  listener->shard_ = e.shard;
+  return listener;
+}
+
+TunnelListener::~TunnelListener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+StatusOr<std::unique_ptr<TunnelConnection>> TunnelListener::Accept(Deadline deadline) {
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int64_t left = deadline.RemainingNanos();
+    if (left <= 0)
+      return DeadlineExceededError("no incoming tunnel on listen id " + std::to_string(listen_id_));
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000)));
+    if (rc > 0) break;
+    if (rc < 0 && errno != EINTR)
+      return UnavailableError(std::string("poll: ") + std::strerror(errno));
+  }
+  STRAIT_ASSIGN_OR_RETURN(
+      Message event, ReadReplyFrom(fd_, MessageType::kTunnelListen, Deadline::AfterSeconds(10)));
+  if (event.code != StatusCode::kOk) return Status(event.code, event.text);
+  STRAIT_ASSIGN_OR_RETURN(TunnelEvent e, DecodeTunnelEvent(event.data));
+  if (e.kind != TunnelEventKind::kIncoming) {
+    return InternalError("expected an incoming-tunnel event on the listen");
+  }
+  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path_, deadline, "tunnel-accept"));
+  Message m;
+  m.type = MessageType::kTunnelAccept;
+  m.tunnel_id = e.id;
+  Status s = WriteRequest(fd, m, deadline);
+  StatusOr<Message> reply =
+      s.ok() ? ReadReplyFrom(fd, MessageType::kTunnelAccept, deadline) : StatusOr<Message>(s);
+  if (reply.ok() && reply->code != StatusCode::kOk) reply = Status(reply->code, reply->text);
+  if (!reply.ok()) {
+    ::close(fd);
+    return reply.status().WithContext("accepting tunnel " + std::to_string(e.id));
+  }
+  return std::unique_ptr<TunnelConnection>(new TunnelConnection(fd, e.id, e.region));
 }
 
 }  // namespace strait::gateway

@@ -17,7 +17,9 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "gateway/local_protocol.h"
@@ -49,6 +51,14 @@ class Client {
   Status AllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                    ReduceOp op, void* data, size_t count, Deadline deadline);
 
+  // The region all-reduce (CollNet mode): like AllReduce, but the gateways of this region first
+  // reduce-scatter the tensor among themselves over the LAN, each all-reduces its shard across
+  // the regions, and they all-gather the result (see gateway.h). Every node head of every region
+  // (one per gateway of the config's [peers.<own region>]) must issue the same (job, tensor key)
+  // sequence with the same dtype, op and count; all of them get the same bytes.
+  Status RegionAllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
+                         ReduceOp op, void* data, size_t count, Deadline deadline);
+
   // The gateway's counters as text.
   StatusOr<std::string> Stats(Deadline deadline);
 
@@ -59,10 +69,108 @@ class Client {
   explicit Client(int fd) : fd_(fd) {}
   StatusOr<Message> Call(const Message& request, Deadline deadline);
   StatusOr<Message> ReadReply(MessageType expect, Deadline deadline);
+  // AllReduce and RegionAllReduce: a request of `type` (kAllReduce or kRegionAllReduce).
+  Status AllReduceAs(MessageType type, const std::string& job, const std::string& tensor_key,
+                     DataType dtype, ReduceOp op, void* data, size_t count, Deadline deadline);
 
   std::mutex mu_;
   int fd_ = -1;
   bool broken_ = false;
+};
+
+// ---- Tunnels ----------------------------------------------------------------------------------
+// Blocking clients of straitd's cross-region tunnels (see "Tunnels" in local_protocol.h), for
+// tests and tools; the NCCL plugin speaks the same frames from its event loop instead.
+//
+//   auto listener = TunnelListener::Listen(socket_a, Deadline::AfterSeconds(5));    // region A
+//   // publish (*listener)->region(), shard(), listen_id() to the peer, e.g. in a handle
+//   auto conn = TunnelConnection::Connect(socket_b, region, shard, listen_id, deadline); // B
+//   auto peer = (*listener)->Accept(Deadline::AfterSeconds(30));                    // A
+//   (*conn)->Send(bytes, /*tag=*/7, deadline);   auto m = (*peer)->Receive(deadline);
+//
+// Each listener and each tunnel holds a Unix connection of its own.
+
+struct TunnelMessage {
+  uint32_t tag = 0;
+  std::vector<uint8_t> data;
+};
+
+// One end of an open tunnel: messages in both directions, boundaries, order and tags kept.
+// Thread-safety: one thread may Send while another Receives; concurrent Sends (or Receives)
+// are serialised. Closing (Close or the destructor) ends the tunnel for the peer too, after
+// everything sent before reached it.
+class TunnelConnection {
+ public:
+  // Opens a tunnel from this region to `listen_id` of `region`, reached through the gateway at
+  // `socket_path`, whose shard must equal `shard`. Blocks until the listener accepted or the
+  // gateway gave up (it is told the deadline); errors as listed under kTunnelConnect.
+  static StatusOr<std::unique_ptr<TunnelConnection>> Connect(const std::string& socket_path,
+                                                             const std::string& region,
+                                                             uint32_t shard, uint64_t listen_id,
+                                                             Deadline deadline);
+  ~TunnelConnection();
+  TunnelConnection(const TunnelConnection&) = delete;
+  TunnelConnection& operator=(const TunnelConnection&) = delete;
+
+  uint64_t tunnel_id() const { return tunnel_id_; }
+  const std::string& peer_region() const { return peer_region_; }
+
+  // Writes one message (at most kDefaultMaxMessageBytes - kTunnelDataOverhead bytes). Blocks
+  // while the tunnel's window is full (the peer reads slowly) up to `deadline`; a deadline hit
+  // in the middle of a message breaks the connection (later calls fail with kUnavailable).
+  Status Send(std::span<const uint8_t> data, uint32_t tag, Deadline deadline);
+
+  // The next message. kDeadlineExceeded when none arrived by `deadline` (nothing is lost; call
+  // again). When the tunnel ended: kOutOfRange "tunnel closed by the peer ..." after a clean
+  // close by the other rank, or the error that ended it (kUnavailable: peer gateway gone, ...);
+  // every later call returns the same.
+  StatusOr<TunnelMessage> Receive(Deadline deadline);
+
+  // Ends the tunnel (the peer's Receive returns kOutOfRange once it has read everything sent
+  // before). Idempotent; does not block.
+  void Close();
+
+ private:
+  friend class TunnelListener;
+  TunnelConnection(int fd, uint64_t tunnel_id, std::string peer_region)
+      : fd_(fd), tunnel_id_(tunnel_id), peer_region_(std::move(peer_region)) {}
+
+  int fd_ = -1;
+  const uint64_t tunnel_id_;
+  const std::string peer_region_;
+  std::mutex send_mu_;
+  bool send_broken_ = false;
+  std::mutex recv_mu_;
+  Status ended_;  // set once the tunnel ended (as Receive reports it)
+  bool has_ended_ = false;
+};
+
+// A listen: tells the gateway to take connects for a fresh listen id.
+class TunnelListener {
+ public:
+  static StatusOr<std::unique_ptr<TunnelListener>> Listen(const std::string& socket_path,
+                                                          Deadline deadline);
+  ~TunnelListener();
+  TunnelListener(const TunnelListener&) = delete;
+  TunnelListener& operator=(const TunnelListener&) = delete;
+
+  // What a connector needs: the gateway's region and shard, and the listen id.
+  uint64_t listen_id() const { return listen_id_; }
+  const std::string& region() const { return region_; }
+  uint32_t shard() const { return shard_; }
+
+  // Waits for the next incoming tunnel until `deadline` and accepts it on a new connection.
+  // kDeadlineExceeded when none came; the listen's own errors otherwise. Not thread-safe.
+  StatusOr<std::unique_ptr<TunnelConnection>> Accept(Deadline deadline);
+
+ private:
+  TunnelListener(std::string socket_path, int fd) : socket_path_(std::move(socket_path)), fd_(fd) {}
+
+  const std::string socket_path_;
+  int fd_ = -1;
+  uint64_t listen_id_ = 0;
+  std::string region_;
+  uint32_t shard_ = 0;
 };
 
 }  // namespace strait::gateway

@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "common/units.h"
+#include "gateway/policy.h"
 
 namespace strait::gateway {
 namespace {
@@ -316,6 +317,63 @@ Status ReadWanAndTls(Reader& top, const std::string& file, GatewayConfig* c) {
   return rt.CheckNoUnknownKeys({"ca", "cert", "key"});
 }
 
+int ShardIndexOf(const std::string& key) {
+  if (key.rfind("shard_", 0) != 0 || key.size() <= 6 || key.size() > 10 ||
+      !std::all_of(key.begin() + 6, key.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return -1;
+  }
+  return std::stoi(key.substr(6));
+}
+
+// [peers.<own region>]: the region's gateways must be shard_0..shard_<m-1> (this one's own
+// entry may be listed, so that every gateway of a cluster can share one [peers] section; it is
+// not used). Leaves the others in c->region_gateways.
+Status CheckRegionGateways(Reader& peers, const toml::node& node, const std::string& path,
+                           GatewayConfig* c) {
+  std::map<int, HostPort>& gateways = c->region_gateways;
+  int last = c->shard_index;
+  for (const auto& [index, addr] : gateways) last = std::max(last, index);
+  for (int k = 0; k <= last; ++k) {
+    if (k == c->shard_index || gateways.count(k) != 0) continue;
+    return peers.Error(node.source(), path + ".shard_" + std::to_string(k),
+                       "missing: the gateways of region " + c->region + " are numbered shard_0.." +
+                           "shard_" + std::to_string(last) + " (this is shard_" +
+                           std::to_string(c->shard_index) +
+                           ") and a region all-reduce needs every one; allowed: add shard_" +
+                           std::to_string(k) + " = \"host:port\", or list fewer gateways");
+  }
+  gateways.erase(c->shard_index);
+  if (gateways.empty()) {
+    return peers.Error(node.source(), path,
+                       "lists no gateway of region " + c->region + " but this one; allowed: "
+                       "shard_<index> = \"host:port\" for the region's other gateways, or no "
+                       "[" + path + "] table");
+  }
+  return Status::Ok();
+}
+
+// A region all-reduce pairs gateway i of this region with shard_i of every other: once this
+// region lists m gateways, no other region may list a shard index >= m.
+Status CheckSameGatewayCount(Reader& peers, const toml::table& table, const GatewayConfig* c) {
+  if (c->region_gateways.empty()) return Status::Ok();
+  const int m = c->RegionSize();
+  for (auto&& [region_key, node] : table) {
+    if (region_key.str() == c->region || !node.is_table()) continue;
+    for (auto&& [shard_key, addr] : *node.as_table()) {
+      if (ShardIndexOf(std::string(shard_key.str())) < m) continue;
+      return peers.Error(
+          shard_key.source(), "peers." + std::string(region_key.str()) + "." +
+                                  std::string(shard_key.str()),
+          "region " + c->region + " runs " + std::to_string(m) + " gateways ([peers." +
+              c->region + "] lists shard_0..shard_" + std::to_string(m - 1) +
+              "), and a region all-reduce pairs the gateways of every region by shard index; "
+              "allowed: the same number of gateways in every region (shard_0..shard_" +
+              std::to_string(m - 1) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
   const toml::table* t = nullptr;
   STRAIT_RETURN_IF_ERROR(top.ReadTable("peers", true, &t));
@@ -327,24 +385,18 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
       return peers.Error(region_key.source(), path,
                          "invalid region name; allowed: " + std::string(kRegionAllowed));
     }
-    if (region == c->region) {
-      return peers.Error(region_key.source(), path,
-                         "this gateway's own region is listed as a peer; allowed: other regions");
-    }
+    // The own region's table lists the region's gateways, for region all-reduces.
+    const bool own = region == c->region;
     if (!node.is_table()) {
       return peers.Error(node.source(), path,
                          std::string("found ") + TypeName(node.type()) +
                              "; allowed: a table of shard_<index> = \"host:port\"");
     }
-    std::map<int, HostPort>& shards = c->peers[region];
+    std::map<int, HostPort>& shards = own ? c->region_gateways : c->peers[region];
     for (auto&& [shard_key, addr] : *node.as_table()) {
       const std::string key(shard_key.str());
       const std::string kpath = path + "." + key;
-      int index = -1;
-      if (key.rfind("shard_", 0) == 0 && key.size() > 6 && key.size() <= 10 &&
-          std::all_of(key.begin() + 6, key.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-        index = std::stoi(key.substr(6));
-      }
+      const int index = ShardIndexOf(key);
       if (index < 0 || index > 4095) {
         return peers.Error(shard_key.source(), kpath,
                            "unknown key; allowed: shard_<index> with index in [0, 4095]");
@@ -361,6 +413,10 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
       }
       shards[index] = *hp;
     }
+    if (own) {
+      STRAIT_RETURN_IF_ERROR(CheckRegionGateways(peers, node, path, c));
+      continue;
+    }
     if (shards.count(c->shard_index) == 0) {
       return peers.Error(node.source(), path + ".shard_" + std::to_string(c->shard_index),
                          "missing: this gateway has shard_index = " +
@@ -374,7 +430,7 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
     return peers.ErrorAtTable(
         "no peer regions; allowed: at least one [peers.<region>] table with shard addresses");
   }
-  return Status::Ok();
+  return CheckSameGatewayCount(peers, *t, c);
 }
 
 Status ReadLink(Reader& top, const std::string& file, GatewayConfig* c) {
@@ -413,10 +469,12 @@ Status ReadPolicy(Reader& top, const std::string& file, GatewayConfig* c) {
   if (t == nullptr) return Status::Ok();
   Reader r(*t, "policy", file);
   PolicyLimits& p = c->policy;
-  const char* codec_choices = "\"auto\", \"none\", \"zstd\", \"int8\", \"int4\", \"fp8\"";
+  const char* codec_choices =
+      "\"auto\", \"none\", \"zstd\", \"int8\", \"int4\", \"fp8\", \"auto:int8\" (auto that may go "
+      "lossy with that codec), or any job policy string such as \"zstd:3\" or \"int8,ef\"";
   std::string codec = p.default_codec;
   STRAIT_RETURN_IF_ERROR(r.ReadString("codec", false, &codec));
-  if (codec != "auto" && !ParseCodecId(codec).has_value()) {
+  if (!ParsePolicyRequest(codec).ok()) {  // the grammar of a job's request (policy.h)
     return r.Error(r.Get("codec")->source(), "policy.codec",
                    "found \"" + codec + "\"; allowed: " + codec_choices);
   }
@@ -468,7 +526,54 @@ Status ReadAllReduce(Reader& top, const std::string& file, GatewayConfig* c) {
   Reader r(*t, "allreduce", file);
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("deadline", &c->allreduce_deadline_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("shutdown_grace", &c->shutdown_grace_ns));
-  return r.CheckNoUnknownKeys({"deadline", "shutdown_grace"});
+  if (const toml::node* n = r.Get("shard_weights"); n != nullptr) {
+    const char* allowed =
+        "a table of region = positive integer (e.g. each region's slowest link in Mbit/s) "
+        "naming every region of the world";
+    if (!n->is_table()) {
+      return r.Error(n->source(), "allreduce.shard_weights",
+                     std::string("found ") + TypeName(n->type()) + "; allowed: " + allowed);
+    }
+    const std::vector<std::string> world = c->WorldRegions();
+    for (auto&& [key, value] : *n->as_table()) {
+      const std::string region(key.str());
+      const std::string path = "allreduce.shard_weights." + region;
+      if (std::find(world.begin(), world.end(), region) == world.end()) {
+        return r.Error(key.source(), path,
+                       "not a region of this gateway's world (its own region and its peers); "
+                       "allowed: " + std::string(allowed));
+      }
+      if (!value.is_integer() || value.as_integer()->get() <= 0) {
+        return r.Error(value.source(), path,
+                       std::string("found ") + TypeName(value.type()) +
+                           (value.is_integer() ? " <= 0" : "") + "; allowed: " + allowed);
+      }
+      c->shard_weights[region] = static_cast<uint64_t>(value.as_integer()->get());
+    }
+    for (const std::string& region : world) {
+      if (c->shard_weights.count(region) == 0) {
+        return r.Error(n->source(), "allreduce.shard_weights",
+                       "no weight for region " + region + "; allowed: " + allowed);
+      }
+    }
+  }
+  return r.CheckNoUnknownKeys({"deadline", "shutdown_grace", "shard_weights"});
+}
+
+Status ReadMetrics(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("metrics", false, &t));
+  if (t == nullptr) return Status::Ok();
+  Reader r(*t, "metrics", file);
+  std::string listen;
+  STRAIT_RETURN_IF_ERROR(r.ReadString("listen", true, &listen));
+  auto hp = ParseHostPort(listen);
+  if (!hp.ok()) {
+    return r.Error(r.Get("listen")->source(), "metrics.listen",
+                   "found \"" + listen + "\"; " + hp.status().message());
+  }
+  c->metrics_listen = *hp;
+  return r.CheckNoUnknownKeys({"listen"});
 }
 
 }  // namespace
@@ -519,6 +624,18 @@ std::vector<std::string> GatewayConfig::WorldRegions() const {
   return regions;
 }
 
+int GatewayConfig::RegionSize() const {
+  if (region_gateways.empty()) return 1;
+  return std::max(shard_index, region_gateways.rbegin()->first) + 1;
+}
+
+std::vector<uint64_t> GatewayConfig::ShardWeights() const {
+  std::vector<uint64_t> weights;
+  if (shard_weights.empty()) return weights;
+  for (const std::string& r : WorldRegions()) weights.push_back(shard_weights.at(r));
+  return weights;
+}
+
 std::string GatewayConfig::Summary() const {
   std::ostringstream os;
   os << "region " << region << " shard " << shard_index << ", world [";
@@ -532,6 +649,13 @@ std::string GatewayConfig::Summary() const {
     os << (i ? "," : "") << CodecName(policy.allowed_codecs[i]);
   }
   os << "]";
+  if (!region_gateways.empty()) os << ", region gateways " << RegionSize();
+  if (!shard_weights.empty()) {
+    os << ", shard weights [";
+    const std::vector<uint64_t> w = ShardWeights();
+    for (size_t i = 0; i < w.size(); ++i) os << (i ? ", " : "") << w[i];
+    os << "]";
+  }
   return os.str();
 }
 
@@ -555,8 +679,10 @@ StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& fi
   STRAIT_RETURN_IF_ERROR(ReadLink(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadPolicy(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadAllReduce(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadMetrics(top, file, &c));
   STRAIT_RETURN_IF_ERROR(top.CheckNoUnknownKeys({"region", "shard_index", "local", "wan", "tls",
-                                                 "peers", "link", "policy", "allreduce"}));
+                                                 "peers", "link", "policy", "allreduce",
+                                                 "metrics"}));
   return c;
 }
 

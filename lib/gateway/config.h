@@ -15,6 +15,9 @@
 //   key = "gw.key"
 //   [peers.eu-west]               # region -> its gateways' WAN addresses by shard index
 //   shard_0 = "10.1.0.7:7400"
+//   [peers.us-east]               # optional: this region's own gateways (LAN addresses), for
+//   shard_0 = "10.0.0.7:7400"     # region all-reduces (see below); this gateway's own entry
+//   shard_1 = "10.0.0.8:7400"     # may be listed and is not used
 //   [link]                        # optional; see net::LinkOptions
 //   streams = 4
 //   congestion_control = "bbr"
@@ -22,14 +25,18 @@
 //   unreachable_after = "30s"
 //   stream_timeout = "10s"
 //   [policy]                      # job compression: defaults and the operator's limits
-//   codec = "auto"                # auto, none, zstd, int8, int4, fp8 (the default for jobs)
+//   codec = "auto"                # the default for jobs: auto, auto:int8, none, zstd, int8, ...
+//                                 # (any job policy string; see policy.h)
 //   error_feedback = true
 //   min_lossy_bytes = "64KiB"     # smaller tensors are never sent lossy
 //   max_relative_error = 0.01     # lossy codecs whose worst-case error exceeds this are refused
 //   allowed_codecs = ["none", "zstd", "int8", "fp8"]
+//   [metrics]                     # optional; off when absent
+//   listen = "127.0.0.1:9464"     # HTTP: GET /metrics (Prometheus), /healthz, /readyz
 //   [allreduce]
 //   deadline = "60s"
 //   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
+//   shard_weights = { us-east = 100, eu-west = 50, ap-south = 50 }   # optional, see below
 //
 // Every problem is reported as ONE error naming the file, the line and column, the key path
 // (e.g. `peers.eu-west.shard_1`), what was found and what is allowed. Unknown keys are errors,
@@ -39,6 +46,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,7 +68,7 @@ StatusOr<HostPort> ParseHostPort(std::string_view text);
 
 // The job-policy part of the config: what jobs get by default and what they may ask for.
 struct PolicyLimits {
-  std::string default_codec = "auto";  // auto, none, zstd, int8, int4, fp8
+  std::string default_codec = "auto";  // a job policy string: auto, auto:int8, zstd:3, int8,ef...
   bool default_error_feedback = true;
   uint64_t min_lossy_bytes = 64 * 1024;
   double max_relative_error = 0.1;
@@ -84,15 +92,38 @@ struct GatewayConfig {
 
   // region -> (shard index -> address). Never contains this gateway's own region.
   std::map<std::string, std::map<int, HostPort>> peers;
+  // [peers.<own region>]: the other gateways of this region (shard index -> address), for region
+  // all-reduces (the hierarchical all-reduce of gateway/gateway.h: intra-region reduce-scatter,
+  // cross-region all-reduce of each gateway's shard, intra-region all-gather). With it, the
+  // region's gateways are shard_0..shard_<m-1>, all listed but this one, and no other region
+  // lists a shard index >= m (every region runs the same number of gateways). Empty: m = 1.
+  // Links to them follow wan.transport and [tls] like any peer's (their certificates name this
+  // region); each gateway dials every other one of its region.
+  std::map<int, HostPort> region_gateways;
 
   net::LinkOptions link;
   PolicyLimits policy;
   int64_t allreduce_deadline_ns = int64_t{60'000'000'000};
   int64_t shutdown_grace_ns = int64_t{30'000'000'000};
+  // allreduce.shard_weights: region -> positive integer, naming every region of the world or
+  // none. Empty (the default): equal shards. Otherwise each region owns a share of every tensor
+  // proportional to its weight (collective::PlanOptions::weights). The owner of a shard sends and
+  // receives that shard over each of its links, so a good weight is the rate of the region's
+  // slowest link (e.g. in Mbit/s). Every region's gateways must be given the SAME weights: the
+  // ranks compute the split independently, and differing splits fail the all-reduce.
+  std::map<std::string, uint64_t> shard_weights;
+  // metrics.listen: where the operational HTTP server (/metrics, /healthz, /readyz; see
+  // gateway/http.h) listens. Off (no server) when absent.
+  std::optional<HostPort> metrics_listen;
 
   // The gateways this one runs all-reduces with: every region (this one included) in sorted
   // order, the rank of a region being its index. Every region has an address for shard_index.
   std::vector<std::string> WorldRegions() const;
+  // m, the number of gateways of this region that run region all-reduces together:
+  // region_gateways plus this one (1 when none are listed).
+  int RegionSize() const;
+  // allreduce.shard_weights in WorldRegions() order; empty when none are configured.
+  std::vector<uint64_t> ShardWeights() const;
   // One line for logs and --check-config: region, shard, world, transport, socket, policy.
   std::string Summary() const;
 };

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collective/allreduce.h"
+#include "collective/hierarchical.h"
 #include "collective/net_transport.h"
 #include "common/log.h"
 #include "gateway/gateway_impl.h"
@@ -42,6 +43,11 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
 
 }  // namespace
 
+uint32_t JobLane(const std::string& job) {
+  const uint64_t h = Fnv1a(0xcbf29ce484222325ull, job.data(), job.size());
+  return static_cast<uint32_t>((h ^ (h >> 32)) % collective::kCollectiveChannelCount);
+}
+
 uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint64_t sequence) {
   uint64_t h = 0xcbf29ce484222325ull;
   const uint64_t sizes[2] = {job.size(), tensor_key.size()};
@@ -49,7 +55,11 @@ uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint
   h = Fnv1a(h, job.data(), job.size());
   h = Fnv1a(h, tensor_key.data(), tensor_key.size());
   h = Fnv1a(h, &sequence, sizeof(sequence));
-  return h & ((uint64_t{1} << 38) - 1);
+  // The low bits carry the job's lane, so NetTransport sends all of a job's ops on one channel.
+  constexpr uint64_t kLanes = collective::kCollectiveChannelCount;
+  static_assert(((uint64_t{1} << 38) % kLanes) == 0, "lanes must divide the op id space");
+  const uint64_t mixed = (h ^ (h >> 38)) & ((uint64_t{1} << 38) - 1);
+  return mixed - mixed % kLanes + JobLane(job);
 }
 
 
@@ -60,6 +70,94 @@ Message Reply(MessageType to, const Status& status) {
   m.code = status.code();
   m.text = status.message().substr(0, kMaxReplyTextBytes);
   return m;
+}
+
+// ---- Policy: the regions agree on each job's policy; `auto` picks codecs per link -------------
+
+void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message) {
+  if (IsTunnelChannel(channel)) {  // cross-region tunnels (tunnel.h)
+    tunnels->OnWanMessage(peer, channel, std::move(message));
+    return;
+  }
+  if (channel != kPolicyChannel) {
+    STRAIT_LOG(kDebug, kLog) << "dropped a message on unused link channel " << channel << " from "
+                             << world[static_cast<size_t>(peer)];
+    return;
+  }
+  auto reply = agreement->OnMessage(peer, message);
+  if (!reply.ok()) {
+    STRAIT_LOG(kWarn, kLog) << "bad policy message from " << world[static_cast<size_t>(peer)]
+                            << ": " << reply.status();
+    return;
+  }
+  if (reply->has_value()) {
+    std::shared_ptr<net::Link> link;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      link = links[static_cast<size_t>(peer)];
+    }
+    // A reply lost here (no link yet) is recovered by the peer, which offers again while it waits.
+    if (link) {
+      link->Send(kPolicyChannel, std::move(**reply), Deadline::AfterSeconds(30), [](Status) {});
+    }
+  }
+}
+
+void Gateway::Impl::SendPolicyOffers(const std::string& job, const std::vector<int>& peers) {
+  auto offer = agreement->LocalOffer(job);
+  if (!offer.has_value()) return;
+  for (int p : peers) {
+    if (p == rank) continue;
+    std::shared_ptr<net::Link> link;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      link = links[static_cast<size_t>(p)];
+    }
+    if (link) link->Send(kPolicyChannel, *offer, Deadline::AfterSeconds(30), [](Status) {});
+  }
+}
+
+StatusOr<JobPolicy> Gateway::Impl::AgreedPolicy(const std::string& job, Deadline deadline) {
+  if (auto agreed = agreement->Agreed(job); agreed.has_value()) return *agreed;
+  // Offer ours to every peer (those that offered already wait for it; the others' replies bring
+  // theirs), then every second to those still missing: a peer that registers the job later, or
+  // restarted, or whose reply was lost, is reached without any other trigger.
+  std::vector<int> peers(world.size());
+  for (size_t p = 0; p < peers.size(); ++p) peers[p] = static_cast<int>(p);
+  for (;;) {
+    SendPolicyOffers(job, peers);
+    const Deadline slice =
+        Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 1'000'000'000));
+    auto merged = agreement->Wait(job, slice, [this] { return stopping.load(); });
+    if (merged.ok()) {
+      STRAIT_LOG(kInfo, kLog) << "job " << job << ": regions agreed on policy "
+                              << merged->ToString();
+      return merged;
+    }
+    if (merged.status().code() != StatusCode::kDeadlineExceeded || deadline.Expired() ||
+        stopping.load()) {
+      return merged;
+    }
+    peers = agreement->Missing(job);
+  }
+}
+
+Status Gateway::Impl::ChooseCodecs(const Message& request, Deadline deadline, TensorCodec* tc) {
+  STRAIT_ASSIGN_OR_RETURN(JobPolicy policy, AgreedPolicy(request.job, deadline));
+  std::vector<net::LinkEstimates> estimates(world.size());
+  if (policy.automatic) {
+    std::vector<std::shared_ptr<net::Link>> peers;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      peers = links;
+    }
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (peers[p]) estimates[p] = peers[p]->Estimates();
+    }
+  }
+  *tc = ChooseLinkCodecs(policy, request.dtype, request.op, static_cast<size_t>(request.count),
+                         rank, estimates, codec_profiles);
+  return Status::Ok();
 }
 
 Status Gateway::Impl::ServeSocket() {
@@ -94,7 +192,12 @@ Status Gateway::Impl::ServeSocket() {
 }
 
 void Gateway::Impl::AcceptLoop() {
+  int64_t next_redial_check = 0;
   while (!stopping.load()) {
+    if (const int64_t now = MonotonicNanos(); now >= next_redial_check) {
+      next_redial_check = now + 500'000'000;
+      RedialEndedLinks();
+    }
     pollfd p{listen_fd, POLLIN, 0};
     if (::poll(&p, 1, kPollSliceMs) <= 0) continue;
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -145,6 +248,11 @@ void Gateway::Impl::AcceptLoop() {
 
 void Gateway::Impl::ServeConnection(int fd) {
   bool greeted = false;
+  // Who is on the other end: the accept loop admitted these credentials; jobs belong to the uid.
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  const uint32_t client_uid =
+      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.uid : UINT32_MAX;
   while (!stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int rc = ::poll(&p, 1, kPollSliceMs);
@@ -166,7 +274,8 @@ void Gateway::Impl::ServeConnection(int fd) {
     if (!request.ok()) {
       ++bad_requests;
       const uint8_t t = (*body)[0];
-      const bool known = t >= 1 && t <= 4;
+      const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
+                         (t >= 5 && t <= 9);            // 5..9: tunnels
       reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
                     request.status().WithContext("bad request"));
     } else if (!greeted && request->type != MessageType::kHello) {
@@ -175,8 +284,13 @@ void Gateway::Impl::ServeConnection(int fd) {
     } else if (request->type == MessageType::kReply) {
       ++bad_requests;
       reply = Reply(MessageType::kHello, InvalidArgumentError("clients do not send replies"));
+    } else if (TunnelService::IsTunnelRequest(request->type)) {
+      // The connection now belongs to the listen or tunnel until it ends (tunnel.h).
+      tunnels->Serve(fd, *request);
+      break;
     } else {
       greeted = true;
+      request->client_uid = client_uid;
       reply = Handle(*request);
     }
     auto frame = EncodeMessage(reply);
@@ -203,18 +317,38 @@ Message Gateway::Impl::Handle(Message& request) {
       Message m = Reply(request.type, Status::Ok());
       m.text = policy->ToString();
       std::lock_guard<std::mutex> lock(mu);
+      if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+        ++refused_requests;
+        STRAIT_LOG(kWarn, kLog) << "refused register-job: " << owner.message();
+        return Reply(request.type, owner);
+      }
       jobs[request.job] = *policy;
+      agreement->SetLocal(request.job, *policy);  // offered to the other regions (see policy.h)
+      job_owners[request.job] = request.client_uid;
       return m;
     }
     case MessageType::kAllReduce:
+    case MessageType::kRegionAllReduce:
       return HandleAllReduce(request);
     case MessageType::kStats: {
       Message m = Reply(request.type, Status::Ok());
       std::ostringstream os;
       os << "connections " << connections << "\nrefused_connections " << refused_connections
-         << "\nbad_requests " << bad_requests << "\nallreduce_ok " << allreduce_ok
+         << "\nbad_requests " << bad_requests << "\nrefused_requests " << refused_requests
+         << "\nallreduce_ok " << allreduce_ok
          << "\nallreduce_failed " << allreduce_failed << "\nbytes_sent " << bytes_sent
          << "\nbytes_received " << bytes_received << "\nin_flight " << in_flight << "\n";
+      // Time of the successful all-reduces (collective::AllReduceStats, summed over both of
+      // each operation's threads).
+      os << "handle_ns " << handle_ns << "\nallreduce_ns " << allreduce_ns << "\nencode_ns " << encode_ns << "\nreduce_ns "
+         << reduce_ns << "\ndecode_ns " << decode_ns << "\nwait_ns " << wait_ns
+         << "\nack_wait_ns " << ack_wait_ns << "\n";
+      // Failure recovery (see "Operations" in gateway.h).
+      os << "peer_restarts " << transport->PeerRestarts() << "\nnumbering_restarts "
+         << numbering.restarts() << "\n";
+      os << tunnels->StatsText();
+      os << "region_allreduce_ok " << region_allreduce_ok << "\nregion_bytes_sent "
+         << region_bytes_sent << "\nregion_bytes_received " << region_bytes_received << "\n";
       const std::string s = os.str();
       m.data.assign(s.begin(), s.end());
       return m;
@@ -225,6 +359,7 @@ Message Gateway::Impl::Handle(Message& request) {
 }
 
 Message Gateway::Impl::HandleAllReduce(Message& request) {
+  const int64_t handle_start = MonotonicNanos();
   JobPolicy policy;
   uint64_t sequence = 0;
   {
@@ -239,8 +374,12 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     if (stopping.load()) {
       return Reply(request.type, UnavailableError("the gateway is shutting down"));
     }
+    if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+      ++refused_requests;
+      STRAIT_LOG(kWarn, kLog) << "refused all-reduce: " << owner.message();
+      return Reply(request.type, owner);
+    }
     policy = it->second;
-    sequence = sequences[{request.job, request.tensor_key}]++;
     ++in_flight;
   }
   int64_t budget = config.allreduce_deadline_ns;
@@ -249,23 +388,49 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
 
   Message reply = Reply(request.type, Status::Ok());
   reply.data = std::move(request.data);
-  const TensorCodec tc = ChooseTensorCodec(policy, request.dtype, request.op, request.count);
+  TensorCodec tc = ChooseTensorCodec(policy, request.dtype, request.op, request.count);
   collective::AllReduceRequest req;
   req.job = request.job;
   req.tensor_key = request.tensor_key;
-  req.op_id = OperationId(request.job, request.tensor_key, sequence);
   req.dtype = request.dtype;
   req.op = request.op;
   req.count = static_cast<size_t>(request.count);
   req.data = reply.data.data();
-  req.codec = tc.codec;
-  req.error_feedback = tc.error_feedback;
   req.feedback = &feedback;
+  req.shard_weights = config.ShardWeights();  // empty (equal shards) unless configured
   req.deadline = deadline;
   collective::AllReduceStats stats;
   Status s = WaitForLinks(deadline);
-  if (s.ok()) s = collective::AllReduce(*transport, req, &stats);
+  // The policy the regions agreed on for the job, and per link under `auto` (see policy.h).
+  if (s.ok()) s = ChooseCodecs(request, deadline, &tc);
+  req.codec = tc.codec;
+  req.error_feedback = tc.error_feedback;
+  req.send_codecs = tc.send_codecs;
+  req.result_codecs = tc.result_codecs;
+  req.accept_codecs = tc.accept_codecs;
+  OpNumbering::Number number;
+  if (s.ok()) {
+    // Numbered only once every peer's incarnation is known (see "Operations" in gateway.h).
+    number = numbering.Next(request.job, request.tensor_key, WorldIncarnation());
+    sequence = number.sequence;
+    req.op_id = OperationId(request.job, request.tensor_key, OpNumbering::Word(number));
+    req.abort_note = OpNumbering::Note(request.job, request.tensor_key, number);
+    const int64_t started = MonotonicNanos();
+    if (request.type == MessageType::kRegionAllReduce) {
+      s = RunRegionAllReduce(req, &stats);
+    } else {
+      s = collective::AllReduce(*transport, req, &stats);
+    }
+    if (s.ok()) allreduce_ns += MonotonicNanos() - started;
+    // Any failure, ours or a peer's abort (whose listener did the same), restarts the job's
+    // numbering; AllReduce's abort carried the note so that every peer restarts it too.
+    if (!s.ok() && numbering.Failed(request.job, request.tensor_key, number)) {
+      STRAIT_LOG(kInfo, kLog) << "job " << request.job << ": numbering restarts at epoch "
+                              << number.epoch + 1 << " after a failed all-reduce";
+    }
+  }
   --in_flight;
+  RecordAllReduce(request, s, MonotonicNanos() - handle_start, stats);
   if (!s.ok()) {
     ++allreduce_failed;
     STRAIT_LOG(kWarn, kLog) << "all-reduce " << request.job << "/" << request.tensor_key << " #"
@@ -277,8 +442,188 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   ++allreduce_ok;
   bytes_sent += stats.bytes_sent;
   bytes_received += stats.bytes_received;
-  reply.text = CodecName(tc.codec.codec);
+  encode_ns += stats.encode_ns;
+  reduce_ns += stats.reduce_ns;
+  decode_ns += stats.decode_ns;
+  wait_ns += stats.wait_ns;
+  ack_wait_ns += stats.ack_wait_ns;
+  handle_ns += MonotonicNanos() - handle_start;
+  reply.text = tc.ToString();
+  if (request.type == MessageType::kRegionAllReduce) {
+    // The split among the region's gateways (each all-reduces its shard across the regions),
+    // e.g. "zstd region_shards=334,333,333".
+    const auto shards = collective::RegionShards(req.count, config.RegionSize());
+    reply.text += " region_shards=";
+    for (size_t i = 0; i < shards.size(); ++i) {
+      reply.text += (i ? "," : "") + std::to_string(shards[i].count);
+    }
+    return reply;
+  }
+  // The shard split (elements per owner, in rank order) so that clients and tests can see how
+  // the tensor was divided, e.g. "int8 shards=400,300,300".
+  if (auto plan = collective::MakePlan(collective::PlanFor(req, static_cast<int>(world.size())));
+      plan.ok()) {
+    reply.text += " shards=";
+    for (size_t i = 0; i < plan->shards.size(); ++i) {
+      reply.text += (i ? "," : "") + std::to_string(plan->shards[i].count);
+    }
+  }
   return reply;
+}
+
+// ---- Region all-reduce ----------------------------------------------------------------------
+
+net::MessageCallback Gateway::Impl::RegionReceiver() {
+  return [this](uint32_t channel, std::vector<uint8_t> message) {
+    // NetTransport's header names the sender's rank in bytes 4..7 (net_transport.h); that
+    // rank's receiver checks the rest, the rank included.
+    if (message.size() >= collective::kNetTransportHeaderSize) {
+      const uint32_t sender = uint32_t{message[4]} | uint32_t{message[5]} << 8 |
+                              uint32_t{message[6]} << 16 | uint32_t{message[7]} << 24;
+      if (sender < region_receivers.size() && static_cast<int>(sender) != config.shard_index) {
+        region_receivers[sender](channel, std::move(message));
+        return;
+      }
+    }
+    STRAIT_LOG(kWarn, kLog) << "dropped a " << message.size() << "-byte message on channel "
+                            << channel << " from a gateway of region " << config.region
+                            << " that names no other gateway of it (do the region's gateways "
+                               "agree on [peers." << config.region << "]?)";
+  };
+}
+
+Status Gateway::Impl::WaitForRegionLinks(Deadline deadline) {
+  for (;;) {
+    std::string missing;
+    for (int i = 0; i < region_transport->size(); ++i) {
+      if (i != region_transport->rank() && region_transport->PeerIncarnation(i) == 0) {
+        missing += (missing.empty() ? "shard_" : ", shard_") + std::to_string(i);
+      }
+    }
+    if (missing.empty()) return Status::Ok();
+    if (deadline.Expired() || stopping.load()) {
+      return UnavailableError("nothing heard yet from gateway(s) " + missing + " of region " +
+                              config.region + "; check that they run and that [peers." +
+                              config.region + "] lists the right addresses");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+uint64_t Gateway::Impl::RegionIncarnation() const {
+  std::vector<uint64_t> incarnations;
+  for (int i = 0; i < region_transport->size(); ++i) {
+    incarnations.push_back(region_transport->PeerIncarnation(i));
+  }
+  return OpNumbering::WorldIncarnation(incarnations);
+}
+
+Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req,
+                                         collective::AllReduceStats* stats) {
+  const int m = config.RegionSize();
+  // Apart from plain all-reduces' op ids, and from those of gateways whose region runs another
+  // number of gateways (they would cut the tensor differently): such gateways never pair, so
+  // the operation fails by its deadline instead of mixing different shards. The lane stays.
+  req.op_id = OperationId(req.job, req.tensor_key + "\x1fregion/" + std::to_string(m), req.op_id);
+  Status s;
+  if (config.shard_index >= m) {
+    s = FailedPreconditionError(
+        "this gateway is shard_" + std::to_string(config.shard_index) + " of region " +
+        config.region + " but its config lists no other gateway of the region; a region "
+        "all-reduce needs them all: add [peers." + config.region + "] with shard_0..shard_" +
+        std::to_string(config.shard_index));
+  }
+  if (s.ok()) s = WaitForRegionLinks(req.deadline);
+  if (!s.ok()) {
+    // The shard's gateways in the other regions numbered this operation too: tell them.
+    transport->Abort(req.op_id, s, req.abort_note);
+    return s;
+  }
+  const OpNumbering::Number number =
+      region_numbering.Next(req.job, req.tensor_key, RegionIncarnation());
+  collective::RegionSide side;
+  side.transport = region_transport.get();
+  side.op_id = OperationId(req.job, req.tensor_key, OpNumbering::Word(number));
+  side.abort_note = OpNumbering::Note(req.job, req.tensor_key, number);
+  collective::HierarchicalStats hs;
+  s = collective::HierarchicalAllReduce(side, *transport, req, &hs);
+  *stats = hs.cross;
+  region_bytes_sent += hs.region_bytes_sent;
+  region_bytes_received += hs.region_bytes_received;
+  if (!s.ok()) {
+    // As for the cross-region numbering: the abort carried the note to the region's gateways.
+    if (region_numbering.Failed(req.job, req.tensor_key, number)) {
+      STRAIT_LOG(kInfo, kLog) << "job " << req.job << ": region numbering restarts at epoch "
+                              << number.epoch + 1 << " after a failed region all-reduce";
+    }
+    return s.WithContext("gateway " + std::to_string(config.shard_index) + " of " +
+                         std::to_string(m) + " in " + config.region);
+  }
+  ++region_allreduce_ok;
+  return s;
+}
+
+Status Gateway::Impl::DialPeer(int p) {
+  const std::string& region = world[static_cast<size_t>(p)];
+  const HostPort& addr = config.peers.at(region).at(config.shard_index);
+  auto link = endpoint->Connect(
+      region, addr.host, addr.port,
+      transport->ReceiverFor(p, [this, p](uint32_t ch, std::vector<uint8_t> m) {
+        OnOtherChannel(p, ch, std::move(m));
+      }));
+  if (!link.ok()) {
+    return link.status().WithContext("peers." + region + ".shard_" +
+                                     std::to_string(config.shard_index));
+  }
+  KeepLink(p, *link);
+  return Status::Ok();
+}
+
+Status Gateway::Impl::DialRegionGateway(int index) {
+  const HostPort& addr = config.region_gateways.at(index);
+  auto link = endpoint->Connect(config.region, addr.host, addr.port,
+                                region_receivers[static_cast<size_t>(index)]);
+  if (!link.ok()) {
+    return link.status().WithContext("peers." + config.region + ".shard_" +
+                                     std::to_string(index));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    region_links[static_cast<size_t>(index)] = *link;
+  }
+  region_transport->SetLink(index, *link);
+  return Status::Ok();
+}
+
+void Gateway::Impl::RedialEndedLinks() {
+  // A dialed link ends for good when its peer stayed unreachable past link.unreachable_after or
+  // restarted (the net layer then refuses to resume the old session). The dialing side opens a
+  // new one; accepted links come back when their peer dials again.
+  std::vector<int> peers, gateways;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t p = static_cast<size_t>(rank) + 1; p < links.size(); ++p) {
+      if (links[p] != nullptr && links[p]->Estimates().ended) peers.push_back(static_cast<int>(p));
+    }
+    for (const auto& [index, addr] : config.region_gateways) {
+      const auto& link = region_links[static_cast<size_t>(index)];
+      if (link != nullptr && link->Estimates().ended) gateways.push_back(index);
+    }
+  }
+  for (int p : peers) {
+    STRAIT_LOG(kInfo, kLog) << "link to " << world[static_cast<size_t>(p)]
+                            << " ended; dialling a new one";
+    if (Status s = DialPeer(p); !s.ok()) {
+      STRAIT_LOG(kWarn, kLog) << s;
+    }
+  }
+  for (int index : gateways) {
+    STRAIT_LOG(kInfo, kLog) << "link to gateway " << index << " of this region ended; "
+                            << "dialling a new one";
+    if (Status s = DialRegionGateway(index); !s.ok()) {
+      STRAIT_LOG(kWarn, kLog) << s;
+    }
+  }
 }
 
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -293,7 +638,60 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   g->rank = g->RankOf(config.region);
   g->links.resize(g->world.size());
   g->transport = std::make_unique<collective::NetTransport>(
-      g->rank, static_cast<int>(g->world.size()), g->world);
+      g->rank, static_cast<int>(g->world.size()), g->world, collective::kDefaultCollectiveChannel,
+      collective::kCollectiveChannelCount);
+  // A peer's failed all-reduce restarts that job's numbering here too (see gateway.h).
+  g->transport->SetAbortListener([g](int peer, uint64_t, const std::string& note) {
+    std::string job, key;
+    OpNumbering::Number n;
+    if (OpNumbering::ParseNote(note, &job, &key, &n) && g->numbering.Failed(job, key, n)) {
+      STRAIT_LOG(kInfo, kLog) << "job " << job << ": numbering restarts at epoch " << n.epoch + 1
+                              << " after " << g->world[static_cast<size_t>(peer)]
+                              << " aborted an all-reduce";
+    }
+  });
+
+  // Region all-reduces (see gateway.h): the region's gateways, this one at its shard index (a
+  // gateway that is not among them refuses region all-reduces; see RunRegionAllReduce).
+  {
+    const int m = config.RegionSize();
+    std::vector<std::string> names;
+    for (int i = 0; i < m; ++i) names.push_back(config.region + "/shard_" + std::to_string(i));
+    g->region_transport = std::make_unique<collective::NetTransport>(
+        config.shard_index < m ? config.shard_index : 0, m, names, kRegionCollectiveChannel,
+        collective::kCollectiveChannelCount);
+    g->region_transport->SetAbortListener([g](int peer, uint64_t, const std::string& note) {
+      std::string job, key;
+      OpNumbering::Number n;
+      if (OpNumbering::ParseNote(note, &job, &key, &n) &&
+          g->region_numbering.Failed(job, key, n)) {
+        STRAIT_LOG(kInfo, kLog) << "job " << job << ": region numbering restarts at epoch "
+                                << n.epoch + 1 << " after " << g->region_transport->PeerName(peer)
+                                << " aborted a region all-reduce";
+      }
+    });
+    for (int i = 0; i < m; ++i) g->region_receivers.push_back(g->region_transport->ReceiverFor(i));
+    g->region_links.resize(static_cast<size_t>(m));
+  }
+
+  TunnelServiceOptions tunnel_options;
+  tunnel_options.region = config.region;
+  tunnel_options.shard = config.shard_index;
+  tunnel_options.world = g->world;
+  tunnel_options.zstd_allowed =
+      std::find(config.policy.allowed_codecs.begin(), config.policy.allowed_codecs.end(),
+                CodecId::kZstd) != config.policy.allowed_codecs.end();
+  g->tunnels = std::make_unique<TunnelService>(
+      std::move(tunnel_options), [g](int peer) { return g->LinkTo(peer); }, &g->stopping);
+
+  g->agreement = std::make_unique<PolicyAgreement>(g->rank, g->world);
+  g->codec_profiles = net::MeasureCodecProfiles();
+  for (const net::CodecProfile& cp : g->codec_profiles) {
+    STRAIT_LOG(kInfo, kLog) << "codec " << CodecName(cp.codec) << ": encode "
+                            << cp.encode_bytes_per_s / 1e6 << " MB/s, decode "
+                            << cp.decode_bytes_per_s / 1e6 << " MB/s, ratio " << cp.ratio
+                            << " (measured for policy auto)";
+  }
 
   net::EndpointOptions o;
   o.region = config.region;
@@ -302,12 +700,20 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   o.cert_file = config.tls_cert;
   o.key_file = config.tls_key;
   for (const auto& [region, shards] : config.peers) o.peer_regions.push_back(region);
+  if (!config.region_gateways.empty()) o.peer_regions.push_back(config.region);
   o.link = config.link;
   auto endpoint = net::Endpoint::Create(o, [g](std::shared_ptr<net::Link> link) {
+    if (link->peer_region() == g->config.region) {
+      STRAIT_LOG(kInfo, kLog) << "accepted link from a gateway of this region";
+      return g->RegionReceiver();
+    }
     const int peer = g->RankOf(link->peer_region());
     g->KeepLink(peer, link);
     STRAIT_LOG(kInfo, kLog) << "accepted link from " << link->peer_region();
-    return net::MessageCallback(g->transport->ReceiverFor(peer));
+    return net::MessageCallback(g->transport->ReceiverFor(
+        peer, [g, peer](uint32_t ch, std::vector<uint8_t> m) {
+          g->OnOtherChannel(peer, ch, std::move(m));
+        }));
   });
   if (!endpoint.ok()) return endpoint.status().WithContext("config " + config.file);
   g->endpoint = std::move(endpoint).value();
@@ -315,17 +721,15 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   if (!port.ok()) return port.status().WithContext("wan.listen " + config.wan_listen.ToString());
   g->wan_port = *port;
   for (size_t p = static_cast<size_t>(g->rank) + 1; p < g->world.size(); ++p) {
-    const HostPort& addr = config.peers.at(g->world[p]).at(config.shard_index);
-    auto link = g->endpoint->Connect(g->world[p], addr.host, addr.port,
-                                     g->transport->ReceiverFor(static_cast<int>(p)));
-    if (!link.ok()) {
-      return link.status().WithContext("peers." + g->world[p] + ".shard_" +
-                                       std::to_string(config.shard_index));
-    }
-    g->KeepLink(static_cast<int>(p), *link);
+    STRAIT_RETURN_IF_ERROR(g->DialPeer(static_cast<int>(p)));
+  }
+  for (const auto& [index, addr] : config.region_gateways) {
+    STRAIT_RETURN_IF_ERROR(g->DialRegionGateway(index));
   }
   std::unique_ptr<Gateway> gateway(new Gateway(std::move(impl)));  // private constructor
+  g->DeclareMetrics();  // before any request can record into it
   STRAIT_RETURN_IF_ERROR(g->ServeSocket());
+  STRAIT_RETURN_IF_ERROR(g->StartHttp());
   STRAIT_LOG(kInfo, kLog) << "serving " << config.Summary() << ", wan port " << g->wan_port;
   return gateway;
 }
@@ -340,6 +744,7 @@ void Gateway::Shutdown(Deadline grace) {
     // `stopping` and refused, or is counted before the wait below.
     g->stopping.store(true);
   }
+  g->http.reset();  // its handlers read the links and jobs
   // Stop accepting, so that no new request starts while in-flight ones finish.
   if (g->accept_thread.joinable()) g->accept_thread.join();
   if (g->listen_fd >= 0) {
@@ -365,6 +770,11 @@ void Gateway::Shutdown(Deadline grace) {
 }
 
 uint16_t Gateway::wan_port() const { return impl_->wan_port; }
+
+Status Gateway::ReloadIdentity() {
+  if (impl_->endpoint == nullptr) return FailedPreconditionError("the gateway is shut down");
+  return impl_->endpoint->ReloadIdentity();
+}
 
 std::string Gateway::StatsText() const {
   Message m;

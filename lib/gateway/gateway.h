@@ -9,16 +9,98 @@
 // Operations: the ranks of every region issue their all-reduces of a (job, tensor key) in the
 // same order; the gateway numbers them per key (0, 1, 2, ...) and derives the collective op id
 // from (job, tensor key, number), so the same operation meets on every gateway without any
-// coordination message. The codec comes from the job's policy, clamped to this gateway's limits
-// (gateways of one cluster should share their [policy] section; a mismatch fails the operation
-// with a codec-mismatch error rather than a wrong sum).
+// coordination message. The codecs come from the job's policy (next paragraph).
+//
+// Failures and restarts (the number is really (world, epoch, sequence); numbering.h):
+//   - An all-reduce that fails on one gateway (deadline, lost peer, corrupt frame) aborts on all:
+//     its abort (collective::NetTransport kind 1) ends the others' waits at once with kAborted
+//     naming that region and its reason, and carries the job's (world, epoch).
+//   - Rule 1: every failed all-reduce of a job, whether it failed here or a peer's abort reported
+//     it, moves the job to epoch e + 1 with all its sequences back at 0 (e = the epoch the failed
+//     operation was numbered in; a gateway already past e stays where it is). Except: a peer's
+//     abort of an operation this gateway has not numbered yet (its client has not sent that step
+//     of that tensor key) is held until it does; that step gets the failed number, fails at once
+//     on the abort the transport remembers, and the job moves then. Moving at once would number
+//     this gateway's step s like the peer's step s + 1 and sum two different steps.
+//   - Rule 2: `world` hashes the incarnations of every gateway of the shard (each sends its
+//     random incarnation in a hello on every new link, and in every message), and all-reduces
+//     are numbered only once every peer's incarnation is known; a restarted gateway changes the
+//     world, so it (with no state) and the survivors (once they heard its hello) all start
+//     again at epoch 0, sequence 0. A restarted peer's messages from its previous life are dropped.
+//   Why gateways cannot stay out of step: they diverge only when one of them failed an operation
+//   another did not (e.g. one region's client never sent step s, or one gateway's deadline hit
+//   just before the last frame arrived while the others finished). The one that failed aborts;
+//   links deliver every message exactly once, so each peer, whatever it did with that
+//   operation (completed it, still runs it, never started it), applies rule 1 for the same e and
+//   lands on the same epoch e + 1 with fresh sequences. Rule 1 is a max, so the same failure
+//   reported by several gateways counts once, and a gateway that missed an earlier epoch jumps
+//   to the latest with the next abort it receives. An operation issued while such an abort was
+//   still in flight may be numbered in the old epoch; it fails (by abort or deadline; never a
+//   wrong sum, since different numbers give different op ids) and its own abort aligns everyone
+//   again. So after a failure every rank of the job must treat the failed step as lost (as NCCL
+//   does after an error) and issue its next all-reduce after it saw the error; from then on
+//   the numbering matches. What a gateway learns of a world it has not reached yet (its peers
+//   saw a restart first) is kept (a few worlds per job), so it joins at their epoch. Only an
+//   abort that never arrives breaks this, i.e. a link down past link.unreachable_after (the
+//   dialing side then opens a new link, see below, but the abort sent meanwhile is lost).
+//   Links after a restart: the restarted gateway dials the peers ranked above it afresh. The
+//   peers ranked below it redial with their old link session, which the restarted process does
+//   not know: it answers so (net wire: hello flag kUnknownSession), their old links end, and
+//   every gateway dials a new link in place of an ended one it had dialed (checked twice a
+//   second), so any region's gateway recovers from a restart by itself.
+//
+// Policy: each gateway clamps a job's request to its own [policy] limits; before the job's first
+// all-reduce the gateways of the shard exchange their resolved policies for it (a versioned
+// control message on link channel kPolicyChannel; see policy.h) and each takes the same merge,
+// the most conservative one, so every region runs the job with one effective policy whatever
+// their [policy] sections or the job's requests say. Regions with no lossless codec in common
+// fail the job's all-reduces with one kFailedPrecondition naming both sides; a region that never
+// registers the job makes the others' all-reduces fail at their deadline naming it. `auto`
+// chooses per tensor and per link from the link's goodput estimate and the codec speeds measured
+// when the gateway started (lossless per link; one lossy frame for all only with "auto:<lossy>";
+// the rule is in policy.h). Receivers accept a frame in any codec the agreed policy allows and
+// refuse others with a codec-mismatch error, never a wrong sum.
+//
+// Jobs and isolation: a job belongs to the uid (SO_PEERCRED) of the client that first registered
+// it on this gateway; only clients of that uid may register it again (replacing its policy) or
+// all-reduce under it. Anyone else gets kPermissionDenied naming the owner, and the gateway goes
+// on serving. Root is no exception, so one user's jobs never see another's data. Everything a job
+// keeps is keyed by its id: op ids hash (job, tensor key, number), so two jobs using the same
+// tensor key never exchange messages, and error-feedback residuals live under (job, tensor key).
+// The stats request reports gateway-wide counters only (no job data) and is open to every
+// allowed client. Ownership is per gateway: each region's gateway checks its own clients.
+//
+// Sharing links: the link cuts chunks round-robin over channels (net::SendBook), and every job
+// has a lane, one of collective::kCollectiveChannelCount link channels, carried in its op ids
+// (JobLane), so a job's 1 GiB all-reduce delays another job's small one by a few chunks, not by
+// its whole transfer. Two jobs on the same lane (a hash collision) share a channel: still correct,
+// only FIFO between them.
+//
+// Region all-reduce (kRegionAllReduce; the NCCL plugin's CollNet mode): a region runs m gateways
+// (config [peers.<own region>]: shard_0..shard_<m-1>), each serving one node head that holds the
+// whole tensor. The gateways of the region reduce-scatter it over the LAN, each all-reduces its
+// shard across the regions with the shard's gateways of the other regions (the job's codec, as a
+// plain all-reduce), and they all-gather the result: every node head of every region gets the
+// same bytes (collective/hierarchical.h has the algorithm and numerics). Each gateway dials every
+// other gateway of its region (same wan.transport and TLS identity as for peer regions; their
+// certificates name this region) and sends over the link it dialed; the region's operations are
+// numbered among its gateways like the cross-region ones among a shard's (a second OpNumbering
+// over the region's incarnations), and the cross-region op id of a region all-reduce also hashes
+// m, so regions that run different numbers of gateways fail by the deadline rather than pairing
+// different shards. With m = 1 it is the plain all-reduce. Every region must run as many
+// gateways; every node head issues the same region all-reduces in the same order.
 //
 // Local clients: the socket file gets mode 0660 and each connection's peer credentials
 // (SO_PEERCRED) must match local.allowed_uids or local.allowed_gids. A malformed or refused
 // request gets an error reply; the connection survives unless its framing is broken.
 //
-// Threads: one accept thread, one thread per client connection; the WAN side runs on the
-// endpoint's I/O thread. Public methods are thread-safe.
+// Tunnels: ranks also open cross-region point-to-point tunnels through the gateway (the NCCL
+// plugin's cross-region connections); see "Tunnels" in local_protocol.h and tunnel.h. They travel
+// on link channels [1024, 1280) to the gateway of the same shard index in the other region.
+//
+// Threads: one accept thread, one thread per client connection (plus a writer thread per open
+// tunnel and one tunnel supervisor); the WAN side runs on the endpoint's I/O thread. Public
+// methods are thread-safe.
 #ifndef STRAIT_LIB_GATEWAY_GATEWAY_H_
 #define STRAIT_LIB_GATEWAY_GATEWAY_H_
 
@@ -49,6 +131,10 @@ class Gateway {
 
   // The WAN port actually listened on (useful with port 0 in tests).
   uint16_t wan_port() const;
+  // Certificate rotation (straitd on SIGHUP): re-reads tls.ca, tls.cert and tls.key for new
+  // WAN handshakes; links up keep their streams. On error the old identity stays in use.
+  // kFailedPrecondition with wan.transport = "plain". Thread-safe; blocks on reading files.
+  Status ReloadIdentity();
   // Counters as text, one "name value" per line (what the stats request returns).
   std::string StatsText() const;
 
@@ -59,8 +145,12 @@ class Gateway {
   std::unique_ptr<Impl> impl_;
 };
 
+// The link lane of `job`: a stable hash of its id, in [0, collective::kCollectiveChannelCount).
+uint32_t JobLane(const std::string& job);
+
 // The collective op id for the `sequence`-th all-reduce of (job, tensor key): equal on every
-// gateway, 38 bits (the part of a tag the transport keeps).
+// gateway, 38 bits (the part of a tag the transport keeps); op id mod kCollectiveChannelCount is
+// JobLane(job), which NetTransport turns into the link channel.
 uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint64_t sequence);
 
 }  // namespace strait::gateway

@@ -1,8 +1,8 @@
 // Internal to lib/gateway: the state behind Gateway, shared by the files that implement its
 // request handlers (gateway.cc: sockets, jobs, all-reduce, lifecycle). Not installed.
 //
-// Locking: `mu` guards links, jobs and sequences; counters are atomics. Handlers run on the
-// connection's thread and may block up to their request's deadline.
+// Locking: `mu` guards links and jobs (`numbering` locks itself); counters are atomics. Handlers
+// run on the connection's thread and may block up to their request's deadline.
 #ifndef STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 #define STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 
@@ -18,14 +18,23 @@
 #include <vector>
 
 #include "strait/codec.h"
+#include "collective/allreduce.h"
 #include "collective/net_transport.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
+#include "gateway/http.h"
 #include "gateway/local_protocol.h"
+#include "gateway/metrics.h"
+#include "gateway/numbering.h"
 #include "gateway/policy.h"
+#include "gateway/tunnel.h"
 #include "net/link.h"
 
 namespace strait::gateway {
+
+// Link channels of the region transport: after the cross-region collective's (16..31) and apart
+// from the policy's (8) and the tunnels' (1024..1279), although they travel on links of their own.
+inline constexpr uint32_t kRegionCollectiveChannel = 32;
 
 struct Gateway::Impl {
   GatewayConfig config;
@@ -35,12 +44,19 @@ struct Gateway::Impl {
   std::unique_ptr<net::Endpoint> endpoint;
   uint16_t wan_port = 0;
   ErrorFeedbackStore feedback;
+  // The regions' agreement on each job's policy, and this machine's codec speeds for `auto`
+  // (measured once at start; see policy.h). Set up by Start before any link exists.
+  std::unique_ptr<PolicyAgreement> agreement;
+  std::vector<net::CodecProfile> codec_profiles;
 
   std::mutex mu;
   std::condition_variable links_cv;
   std::vector<std::shared_ptr<net::Link>> links;
   std::map<std::string, JobPolicy> jobs;
-  std::map<std::pair<std::string, std::string>, uint64_t> sequences;
+  // job -> the uid that registered it (see "Jobs and isolation" in gateway.h).
+  std::map<std::string, uint32_t> job_owners;
+  // Op numbering per job (see "Operations" in gateway.h); thread-safe on its own.
+  OpNumbering numbering;
 
   int listen_fd = -1;
   std::atomic<bool> stopping{false};
@@ -55,7 +71,12 @@ struct Gateway::Impl {
 
   // Counters for the stats request.
   std::atomic<uint64_t> connections{0}, refused_connections{0}, bad_requests{0};
+  std::atomic<uint64_t> refused_requests{0};  // requests for a job of another uid
   std::atomic<uint64_t> allreduce_ok{0}, allreduce_failed{0}, bytes_sent{0}, bytes_received{0};
+  // Where successful all-reduces spent their time (collective::AllReduceStats, summed; the
+  // wall time of the cross-region operation itself), for `strait-bench allreduce`.
+  std::atomic<int64_t> handle_ns{0}, allreduce_ns{0}, encode_ns{0}, reduce_ns{0}, decode_ns{0},
+      wait_ns{0}, ack_wait_ns{0};
 
   int RankOf(const std::string& region) const {
     auto it = std::find(world.begin(), world.end(), region);
@@ -72,7 +93,9 @@ struct Gateway::Impl {
     for (;;) {
       std::string missing;
       for (size_t p = 0; p < links.size(); ++p) {
-        if (static_cast<int>(p) != rank && links[p] == nullptr) {
+        // A link counts once the peer's hello came over it: numbering needs its incarnation.
+        if (static_cast<int>(p) != rank &&
+            (links[p] == nullptr || transport->PeerIncarnation(static_cast<int>(p)) == 0)) {
           missing += (missing.empty() ? "" : ", ") + world[p];
         }
       }
@@ -86,6 +109,81 @@ struct Gateway::Impl {
     }
   }
 
+  // OK when `job` is unregistered or belongs to `uid`; otherwise kPermissionDenied saying
+  // whose it is. Call with `mu` held.
+  Status CheckJobOwner(const std::string& job, uint32_t uid) const {
+    auto it = job_owners.find(job);
+    if (it == job_owners.end() || it->second == uid) return Status::Ok();
+    return PermissionDeniedError("job \"" + job + "\" belongs to uid " +
+                                 std::to_string(it->second) + ", not to this client's uid " +
+                                 std::to_string(uid) +
+                                 "; a job's data is reachable only by the uid that registered it "
+                                 "(use another job id, or run as that user)");
+  }
+
+  // The hash of every gateway's incarnation (OpNumbering::WorldIncarnation); after WaitForLinks.
+  uint64_t WorldIncarnation() const {
+    std::vector<uint64_t> incarnations;
+    for (size_t p = 0; p < world.size(); ++p) {
+      incarnations.push_back(transport->PeerIncarnation(static_cast<int>(p)));
+    }
+    return OpNumbering::WorldIncarnation(incarnations);
+  }
+
+  // Policy agreement (gateway.cc, "Policy"): messages on link channels the collective does not
+  // use arrive here (I/O thread; never blocks); offers go to peers; the agreed policy of a job,
+  // waiting for the other regions' offers until `deadline`; the tensor's codecs from it.
+  void OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message);
+  void SendPolicyOffers(const std::string& job, const std::vector<int>& peers);
+  StatusOr<JobPolicy> AgreedPolicy(const std::string& job, Deadline deadline);
+  Status ChooseCodecs(const Message& request, Deadline deadline, TensorCodec* tc);
+
+  // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
+  // messages always find it; its threads end when `stopping` turns true.
+  std::unique_ptr<TunnelService> tunnels;
+  std::shared_ptr<net::Link> LinkTo(int peer) {
+    std::lock_guard<std::mutex> lock(mu);
+    return peer >= 0 && static_cast<size_t>(peer) < links.size() ? links[static_cast<size_t>(peer)]
+                                                                 : nullptr;
+  }
+
+  // Region all-reduces (gateway.cc, "Region all-reduce"; gateway.h): the region's gateways as a
+  // second NetTransport, rank = shard index, world = config.RegionSize(), on link channels
+  // [kRegionCollectiveChannel, + kCollectiveChannelCount) of same-region links. Each gateway
+  // dials every other gateway of its region and sends over the link it dialed; what they send
+  // arrives on links they dialed, which RegionReceiver() routes by the sender rank in the
+  // NetTransport header. Set up by Start before any link; null when the region has one gateway.
+  std::unique_ptr<collective::NetTransport> region_transport;
+  std::vector<collective::NetTransport::Receiver> region_receivers;  // by shard index
+  std::vector<std::shared_ptr<net::Link>> region_links;             // dialed, by shard index
+  OpNumbering region_numbering;  // op numbering among the region's gateways
+  std::atomic<uint64_t> region_allreduce_ok{0}, region_bytes_sent{0}, region_bytes_received{0};
+  // The receiver of a link another gateway of this region dialed (I/O thread; never blocks).
+  net::MessageCallback RegionReceiver();
+  // Until every gateway of the region was heard from (its incarnation is known).
+  Status WaitForRegionLinks(Deadline deadline);
+  uint64_t RegionIncarnation() const;
+  // Runs `req` (numbered for the cross-region transport) as a hierarchical all-reduce.
+  Status RunRegionAllReduce(collective::AllReduceRequest& req, collective::AllReduceStats* stats);
+
+  // Operations (gateway_metrics.cc): the Prometheus registry (families declared by Start),
+  // per-all-reduce recording, and the /metrics, /healthz, /readyz server when metrics.listen
+  // is set (started after the local socket, stopped first by Shutdown).
+  MetricsRegistry metrics;
+  std::unique_ptr<HttpServer> http;
+  void DeclareMetrics();
+  void RecordAllReduce(const Message& request, const Status& status, int64_t elapsed_ns,
+                       const collective::AllReduceStats& stats);
+  std::string MetricsText();
+  HttpResponse Readiness();  // 200, or 503 naming what is missing
+  Status StartHttp();
+
+  // Opens the link to peer region `p` (ranked above this one) / to gateway `index` of this
+  // region, replacing an ended one. Does not wait for streams.
+  Status DialPeer(int p);
+  Status DialRegionGateway(int index);
+  // Called about twice a second from the accept thread.
+  void RedialEndedLinks();
   Status ServeSocket();
   void AcceptLoop();
   void ServeConnection(int fd);

@@ -101,7 +101,8 @@ Status CheckStr(const std::string& s, const char* field, size_t max, bool requir
 }
 
 bool KnownType(uint8_t t) {
-  return t == 1 || t == 2 || t == 3 || t == 4 || t == 128;
+  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 128 ||
+         (t >= 5 && t <= 9);  // tunnels
 }
 
 }  // namespace
@@ -111,8 +112,14 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kHello: return "hello";
     case MessageType::kRegisterJob: return "register-job";
     case MessageType::kAllReduce: return "all-reduce";
+    case MessageType::kRegionAllReduce: return "region-all-reduce";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
+    case MessageType::kTunnelListen: return "tunnel-listen";
+    case MessageType::kTunnelConnect: return "tunnel-connect";
+    case MessageType::kTunnelAccept: return "tunnel-accept";
+    case MessageType::kTunnelData: return "tunnel-data";
+    case MessageType::kTunnelClose: return "tunnel-close";
   }
   return "invalid";
 }
@@ -134,6 +141,7 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       w.Str(m.job);
       w.Str(m.policy);
       break;
+    case MessageType::kRegionAllReduce:  // the same fields
     case MessageType::kAllReduce: {
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
       STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
@@ -153,6 +161,27 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       break;
     }
     case MessageType::kStats:
+      break;
+    case MessageType::kTunnelListen:
+      break;
+    case MessageType::kTunnelConnect:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.tunnel_region, "tunnel region", kMaxNameBytes, true));
+      w.Str(m.tunnel_region);
+      w.U32(m.tunnel_shard);
+      w.U64(m.listen_id);
+      w.U32(m.timeout_ms);
+      break;
+    case MessageType::kTunnelAccept:
+      w.U64(m.tunnel_id);
+      break;
+    case MessageType::kTunnelData:
+      w.U32(m.tag);
+      w.Bytes(m.data);
+      break;
+    case MessageType::kTunnelClose:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.text, "close reason", kMaxReplyTextBytes, false));
+      w.U32(static_cast<uint32_t>(m.code));
+      w.Str(m.text);
       break;
     case MessageType::kReply:
       STRAIT_RETURN_IF_ERROR(CheckStr(m.text, "reply message", kMaxReplyTextBytes, false));
@@ -211,6 +240,7 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
       m.job = r.Str("job", kMaxNameBytes, true);
       m.policy = r.Str("policy", kMaxPolicyBytes, false);
       break;
+    case MessageType::kRegionAllReduce:  // the same fields
     case MessageType::kAllReduce: {
       m.job = r.Str("job", kMaxNameBytes, true);
       m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
@@ -240,7 +270,32 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
       break;
     }
     case MessageType::kStats:
+    case MessageType::kTunnelListen:
       break;
+    case MessageType::kTunnelConnect:
+      m.tunnel_region = r.Str("tunnel region", kMaxNameBytes, true);
+      m.tunnel_shard = static_cast<uint32_t>(r.Le(4, "tunnel shard"));
+      m.listen_id = r.Le(8, "listen id");
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      break;
+    case MessageType::kTunnelAccept:
+      m.tunnel_id = r.Le(8, "tunnel id");
+      break;
+    case MessageType::kTunnelData:
+      m.tag = static_cast<uint32_t>(r.Le(4, "tag"));
+      if (r.status().ok()) m.data = r.Rest();
+      break;
+    case MessageType::kTunnelClose: {
+      const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
+      if (!r.status().ok()) break;
+      if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
+        return InvalidArgumentError("tunnel close carries unknown status code " +
+                                    std::to_string(code));
+      }
+      m.code = static_cast<StatusCode>(code);
+      m.text = r.Str("close reason", kMaxReplyTextBytes, false);
+      break;
+    }
     case MessageType::kReply: {
       const uint8_t to = static_cast<uint8_t>(r.Le(1, "reply type"));
       const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
@@ -264,6 +319,36 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
                                 MessageTypeName(m.type) + " message");
   }
   return m;
+}
+
+std::vector<uint8_t> EncodeTunnelEvent(const TunnelEvent& event) {
+  Writer w;
+  w.U8(static_cast<uint8_t>(event.kind));
+  w.U64(event.id);
+  w.U32(event.shard);
+  w.Str(event.region.substr(0, kMaxNameBytes));
+  return std::move(w.out());
+}
+
+StatusOr<TunnelEvent> DecodeTunnelEvent(std::span<const uint8_t> data) {
+  Reader r(data);
+  TunnelEvent e;
+  const uint8_t kind = static_cast<uint8_t>(r.Le(1, "event kind"));
+  e.id = r.Le(8, "event id");
+  e.shard = static_cast<uint32_t>(r.Le(4, "event shard"));
+  e.region = r.Str("event region", kMaxNameBytes, false);
+  if (!r.status().ok()) return r.status();
+  if (kind != static_cast<uint8_t>(TunnelEventKind::kListening) &&
+      kind != static_cast<uint8_t>(TunnelEventKind::kIncoming)) {
+    return InvalidArgumentError("unknown tunnel event kind " + std::to_string(kind) +
+                                " (1 = listening, 2 = incoming)");
+  }
+  e.kind = static_cast<TunnelEventKind>(kind);
+  if (!r.AtEnd()) {
+    return InvalidArgumentError(std::to_string(r.remaining()) +
+                                " trailing bytes after a tunnel event");
+  }
+  return e;
 }
 
 namespace {

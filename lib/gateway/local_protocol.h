@@ -8,10 +8,57 @@
 //   kAllReduce    string job, string tensor key, u8 dtype, u8 op, u64 count, u32 timeout_ms,
 //                 data (count x dtype size bytes)
 //   kStats        (nothing)
+//   kRegionAllReduce (10) the fields of kAllReduce: the region all-reduce (CollNet mode): the
+//                 gateways of the region reduce-scatter over the LAN, all-reduce their shards
+//                 across regions, and all-gather (gateway.h); the reply is kAllReduce's
+//   Tunnels (see "Tunnels" below):
+//   kTunnelListen  (nothing)
+//   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
+//   kTunnelAccept  u64 tunnel id
+//   kTunnelData    u32 tag, data (one message; 0 bytes is a message too)
+//   kTunnelClose   u32 StatusCode, string reason
 //   kReply        u8 type of the request answered, u32 StatusCode, string message, data
-//                 (hello: nothing; register: the resolved policy text; all-reduce: the result;
-//                  stats: a text report)
+//                 (hello: nothing; register: the resolved policy text; all-reduce: the result,
+//                  with the codecs used and the shard split as text, e.g. "int8 shards=400,300,300"
+//                  (elements per owner region, in rank order); stats: a text report)
 // Enum values are explicit and never renumbered; a new version adds types, never changes one.
+//
+// Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
+// carried by the two regions' gateways that hold the same shard index (the NCCL plugin's
+// cross-region connections). Every tunnel connection is a Unix connection of its own that
+// starts with kHello like any other, then:
+//   Listen (the receiving rank): send kTunnelListen. The connection now belongs to the listen:
+//     the gateway answers with a kReply(reply_to kTunnelListen) whose data is a TunnelEvent of
+//     kind kListening (listen id, this gateway's region and shard: what the rank publishes, e.g.
+//     in its NCCL handle), then one more kReply(kTunnelListen, kOk) with a TunnelEvent of kind
+//     kIncoming (tunnel id, connecting region) for every connect to that listen id. A reply with
+//     another code ends the listen. Closing the connection ends the listen, and connects it
+//     announced that are not yet accepted are refused (accept first, as NCCL does).
+//   Accept: open a new connection, send kTunnelAccept(tunnel id from kIncoming). The reply
+//     (kReply, kTunnelAccept; text = the connecting region) opens the tunnel, or says why not
+//     (kNotFound: unknown or expired id; kPermissionDenied: another uid than the listener's).
+//     An incoming tunnel not accepted within 30 s, or whose listen closed, is refused.
+//   Connect (the sending rank, another region): open a new connection, send kTunnelConnect with
+//     the listener's region, shard and listen id. The reply (kReply, kTunnelConnect) comes once
+//     the listener accepted (data: u64 tunnel id), or when the open failed: kNotFound (no such
+//     listen id there, or an unknown region), kDeadlineExceeded (no answer by timeout_ms: the
+//     peer gateway or the listener is not there), kUnavailable (no link to that region, the link
+//     failed, or the listen closed before accepting), kFailedPrecondition (the listener is behind
+//     another shard index than this gateway's: a gateway links only to its own shard index in
+//     other regions), kInvalidArgument (the region is the gateway's own).
+//   Data: after an OK connect/accept reply the connection is a full-duplex pipe of kTunnelData
+//     frames in both directions. Each frame is one message: boundaries, order and tags are kept
+//     and nothing is lost or duplicated. The receiver must size its buffer from the frame length.
+//   Close: either rank ends the tunnel by closing its connection (or sending kTunnelClose first,
+//     e.g. with a reason); the gateway delivers everything sent before, then sends the other side
+//     kTunnelClose and closes that connection. kTunnelClose from the gateway carries kOk when the
+//     peer rank closed, or the error that ended the tunnel (kUnavailable: the peer gateway is
+//     gone or restarted; kInvalidArgument: a bad frame on the pipe).
+//   Flow control: the gateways keep a bounded window per tunnel direction; while it is full the
+//     sending rank's gateway stops reading that connection, so a rank that writes faster than the
+//     remote rank reads simply blocks in write (or sees EAGAIN). Read your pipe promptly.
+//   A plugin drives all of this with non-blocking sockets: it never has to wait for one frame
+//   before writing the next, except for the hello, listen/connect/accept replies.
 // Decoding checks every length against the body and the limits below and never reads past it.
 // Thread-safe: pure functions; the fd helpers block the calling thread up to their deadline.
 #ifndef STRAIT_LIB_GATEWAY_LOCAL_PROTOCOL_H_
@@ -42,6 +89,12 @@ enum class MessageType : uint8_t {
   kRegisterJob = 2,
   kAllReduce = 3,
   kStats = 4,
+  kTunnelListen = 5,
+  kTunnelConnect = 6,
+  kTunnelAccept = 7,
+  kTunnelData = 8,
+  kTunnelClose = 9,
+  kRegionAllReduce = 10,  // the fields of kAllReduce; hierarchical across the region's gateways
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
@@ -61,6 +114,16 @@ struct Message {
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
   uint32_t timeout_ms = 0;  // 0 = the gateway's allreduce.deadline
+  // kTunnelConnect (tunnel_region, tunnel_shard, listen_id, timeout_ms), kTunnelAccept
+  // (tunnel_id), kTunnelData (tag, data); kTunnelClose uses code and text.
+  std::string tunnel_region;
+  uint32_t tunnel_shard = 0;
+  uint64_t listen_id = 0;
+  uint64_t tunnel_id = 0;
+  uint32_t tag = 0;
+  // Never on the wire: the uid of the client that sent the request (its connection's
+  // SO_PEERCRED), filled in by the gateway before it handles the request; jobs belong to it.
+  uint32_t client_uid = 0;
   // kReply
   MessageType reply_to = MessageType::kHello;
   StatusCode code = StatusCode::kOk;
@@ -80,6 +143,23 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& message,
 // version, each naming the field.
 StatusOr<Message> DecodeMessage(std::span<const uint8_t> body,
                                 uint32_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// What a listen connection's replies carry (kReply to kTunnelListen, in `data`):
+//   u8 kind (1 = listening, 2 = incoming), u64 id (kListening: the listen id; kIncoming: the
+//   tunnel id to accept), u32 shard (the gateway's shard index; 0 for kIncoming),
+//   string region (kListening: the gateway's region; kIncoming: the connecting rank's region).
+enum class TunnelEventKind : uint8_t { kListening = 1, kIncoming = 2 };
+struct TunnelEvent {
+  TunnelEventKind kind = TunnelEventKind::kListening;
+  uint64_t id = 0;
+  uint32_t shard = 0;
+  std::string region;
+};
+std::vector<uint8_t> EncodeTunnelEvent(const TunnelEvent& event);
+// kDataLoss for a short event, kInvalidArgument for an unknown kind or trailing bytes.
+StatusOr<TunnelEvent> DecodeTunnelEvent(std::span<const uint8_t> data);
+// Bytes a kTunnelData body spends before its data (type and tag).
+inline constexpr size_t kTunnelDataOverhead = 5;
 
 // Writes all of `bytes` to the socket by `deadline`. kDeadlineExceeded, or kUnavailable when the
 // peer is gone.

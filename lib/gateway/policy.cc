@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstring>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "common/units.h"
@@ -12,12 +15,22 @@ namespace strait::gateway {
 namespace {
 
 constexpr const char* kPolicyGrammar =
-    "accepted: auto, none, zstd, zstd:<level -5..19>, int8, int4, fp8, each optionally followed "
-    "by \",ef\" or \",noef\" (e.g. \"int8,ef\", \"zstd:3\")";
+    "accepted: auto, none, zstd, zstd:<level -5..19>, int8, int4, fp8, auto:<int8|int4|fp8> "
+    "(auto that may also pick that lossy codec), each optionally followed by \",ef\" or "
+    "\",noef\" (e.g. \"int8,ef\", \"zstd:3\", \"auto:int8\")";
+
+bool Allowed(const std::vector<CodecId>& codecs, CodecId codec) {
+  return std::find(codecs.begin(), codecs.end(), codec) != codecs.end();
+}
 
 bool Allowed(const PolicyLimits& limits, CodecId codec) {
-  return std::find(limits.allowed_codecs.begin(), limits.allowed_codecs.end(), codec) !=
-         limits.allowed_codecs.end();
+  return Allowed(limits.allowed_codecs, codec);
+}
+
+bool LossyEligible(const JobPolicy& policy, DataType dtype, ReduceOp op, size_t count) {
+  const uint64_t bytes = uint64_t{count} * DataTypeSize(dtype);
+  return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg) &&
+         bytes >= policy.min_lossy_bytes;
 }
 
 CodecId BestLossless(const PolicyLimits& limits) {
@@ -31,8 +44,8 @@ StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text) {
   std::vector<std::string_view> parts;
   for (size_t start = 0;;) {
     const size_t comma = text.find(',', start);
-    parts.push_back(text.substr(start, comma == std::string_view::npos ? text.npos
-                                                                        : comma - start));
+    parts.push_back(
+        text.substr(start, comma == std::string_view::npos ? text.npos : comma - start));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
@@ -59,11 +72,20 @@ StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text) {
                                 "\": unknown codec \"" + std::string(name) + "\"; " +
                                 kPolicyGrammar);
   }
-  if (colon != std::string_view::npos) {
+  if (colon != std::string_view::npos && req.automatic) {
+    const std::string_view lossy = head.substr(colon + 1);
+    auto id = ParseCodecId(lossy);
+    if (!id.has_value() || !IsLossyCodec(*id)) {
+      return InvalidArgumentError("compression policy \"" + std::string(text) +
+                                  "\": auto takes a lossy codec (int8, int4, fp8), not \"" +
+                                  std::string(lossy) + "\"; " + kPolicyGrammar);
+    }
+    req.auto_lossy = *id;
+  } else if (colon != std::string_view::npos) {
     const std::string_view level = head.substr(colon + 1);
     int v = 0;
     auto [ptr, ec] = std::from_chars(level.data(), level.data() + level.size(), v);
-    if (req.automatic || req.codec != CodecId::kZstd) {
+    if (req.codec != CodecId::kZstd) {
       return InvalidArgumentError("compression policy \"" + std::string(text) +
                                   "\": only zstd takes a level; " + kPolicyGrammar);
     }
@@ -89,11 +111,29 @@ double CodecRelativeErrorBound(CodecId codec) {
 
 std::string JobPolicy::ToString() const {
   std::ostringstream os;
-  os << CodecName(codec);
-  if (codec == CodecId::kZstd) os << ":" << zstd_level;
-  if (IsLossyCodec(codec)) {
-    os << (error_feedback ? "+ef" : "") << " (lossy from " << FormatBytes(min_lossy_bytes)
-       << ", else " << CodecName(lossless_fallback) << ")";
+  if (automatic) {
+    os << "auto";
+    if (IsLossyCodec(codec)) {
+      os << ":" << CodecName(codec) << (error_feedback ? "+ef" : "") << " (lossy from "
+         << FormatBytes(min_lossy_bytes) << ", else lossless per link:";
+    } else {
+      os << " (lossless per link:";
+    }
+    const char* sep = " ";
+    for (CodecId c : allowed_codecs) {
+      if (IsLossyCodec(c)) continue;
+      os << sep << CodecName(c);
+      if (c == CodecId::kZstd) os << ":" << zstd_level;
+      sep = ", ";
+    }
+    os << ")";
+  } else {
+    os << CodecName(codec);
+    if (codec == CodecId::kZstd) os << ":" << zstd_level;
+    if (IsLossyCodec(codec)) {
+      os << (error_feedback ? "+ef" : "") << " (lossy from " << FormatBytes(min_lossy_bytes)
+         << ", else " << CodecName(lossless_fallback) << ")";
+    }
   }
   if (!note.empty()) os << " [" << note << "]";
   return os.str();
@@ -105,11 +145,13 @@ JobPolicy ClampPolicy(const PolicyRequest& request, const PolicyLimits& limits) 
   p.lossless_fallback = BestLossless(limits);
   p.zstd_level = request.zstd_level.value_or(1);
   p.error_feedback = request.error_feedback.value_or(limits.default_error_feedback);
+  p.automatic = request.automatic;
+  p.allowed_codecs = limits.allowed_codecs;
+  p.max_relative_error = limits.max_relative_error;
   CodecId want;
   if (request.automatic) {
-    // Until codec choice adapts to each link's bandwidth, auto never goes lossy on its own: a
-    // job gets quantized gradients only when it (or the operator's default) names a codec.
-    want = p.lossless_fallback;
+    // Plain auto stays lossless (per link); auto:<lossy> may also pick that codec.
+    want = request.auto_lossy.value_or(p.lossless_fallback);
   } else {
     want = request.codec;
   }
@@ -138,21 +180,412 @@ StatusOr<JobPolicy> ResolvePolicy(std::string_view text, const PolicyLimits& lim
   return ClampPolicy(req, limits);
 }
 
-TensorCodec ChooseTensorCodec(const JobPolicy& policy, DataType dtype, ReduceOp op,
-                              size_t count) {
+TensorCodec ChooseTensorCodec(const JobPolicy& policy, DataType dtype, ReduceOp op, size_t count) {
   TensorCodec t;
-  const uint64_t bytes = uint64_t{count} * DataTypeSize(dtype);
   CodecId codec = policy.codec;
-  if (IsLossyCodec(codec)) {
-    const bool eligible = IsLossyCodableType(dtype) &&
-                          (op == ReduceOp::kSum || op == ReduceOp::kAvg) &&
-                          bytes >= policy.min_lossy_bytes;
-    if (!eligible) codec = policy.lossless_fallback;
+  if (IsLossyCodec(codec) && !LossyEligible(policy, dtype, op, count)) {
+    codec = policy.lossless_fallback;
   }
   t.codec.codec = codec;
   t.codec.zstd_level = policy.zstd_level;
   t.error_feedback = IsLossyCodec(codec) && policy.error_feedback;
   return t;
+}
+
+TensorCodec ChooseLinkCodecs(const JobPolicy& policy, DataType dtype, ReduceOp op, size_t count,
+                             int self, std::span<const net::LinkEstimates> links,
+                             std::span<const net::CodecProfile> profiles,
+                             double fallback_bytes_per_s) {
+  TensorCodec t = ChooseTensorCodec(policy, dtype, op, count);
+  if (!policy.automatic) return t;
+  const size_t world = links.size();
+  // Candidates: the allowed lossless codecs, plus the lossy one where the tensor may go lossy.
+  std::vector<CodecId> lossless;
+  for (CodecId c : policy.allowed_codecs) {
+    if (!IsLossyCodec(c)) lossless.push_back(c);
+  }
+  if (lossless.empty()) lossless.push_back(policy.lossless_fallback);
+  std::vector<CodecId> all = lossless;
+  if (IsLossyCodec(t.codec.codec)) all.push_back(t.codec.codec);
+  const bool raw_allowed = Allowed(lossless, CodecId::kNone);
+  // Raw is what ChooseCodec falls back to; where the operator does not allow it, the allowed
+  // lossless codec stands in (zstd: it costs CPU but never goes beyond what the policy permits).
+  auto allowed_or = [&](CodecId c) {
+    return c == CodecId::kNone && !raw_allowed ? CodecId::kZstd : c;
+  };
+  std::vector<net::CodecProfile> typed;
+  for (const net::CodecProfile& p : profiles) typed.push_back(net::ProfileFor(p, dtype));
+  const uint64_t bytes = uint64_t{count} * DataTypeSize(dtype);
+  // A rank's frames to itself never touch the network: the cheapest codec.
+  const CodecId local = raw_allowed ? CodecId::kNone : CodecId::kZstd;
+
+  t.send_codecs.assign(world, local);
+  t.result_codecs.assign(world, local);
+  int slowest = -1;
+  double slowest_bw = 0;
+  for (size_t p = 0; p < world; ++p) {
+    if (static_cast<int>(p) == self) continue;
+    const net::LinkEstimates& e = links[p];
+    const double bw = e.goodput_bytes_per_s > 0 ? e.goodput_bytes_per_s : fallback_bytes_per_s;
+    if (slowest < 0 || bw < slowest_bw) {
+      slowest = static_cast<int>(p);
+      slowest_bw = bw;
+    }
+    t.send_codecs[p] =
+        allowed_or(net::ChooseCodec(e, typed, all, bytes, fallback_bytes_per_s).codec);
+    t.result_codecs[p] =
+        allowed_or(net::ChooseCodec(e, typed, lossless, bytes, fallback_bytes_per_s).codec);
+  }
+  if (slowest >= 0 && IsLossyCodec(t.codec.codec)) {
+    const CodecId on_slowest = net::ChooseCodec(links[static_cast<size_t>(slowest)], typed, all,
+                                                bytes, fallback_bytes_per_s)
+                                   .codec;
+    // The whole step waits for the slowest link: if the lossy codec pays there, the owner's
+    // result goes lossy, as one frame for everyone (itself included).
+    if (IsLossyCodec(on_slowest)) t.result_codecs.assign(world, on_slowest);
+  }
+  t.accept_codecs = all;
+  bool any_lossy = false;
+  for (size_t p = 0; p < world; ++p) {
+    any_lossy = any_lossy || IsLossyCodec(t.send_codecs[p]) || IsLossyCodec(t.result_codecs[p]);
+  }
+  t.error_feedback = any_lossy && policy.error_feedback;
+  return t;
+}
+
+std::string TensorCodec::ToString() const {
+  if (send_codecs.empty()) return CodecName(codec.codec);
+  std::string s = "auto: send";
+  const char* sep = " ";
+  for (CodecId c : send_codecs) {
+    s += sep;
+    s += CodecName(c);
+    sep = "/";
+  }
+  s += ", result";
+  sep = " ";
+  for (CodecId c : result_codecs) {
+    s += sep;
+    s += CodecName(c);
+    sep = "/";
+  }
+  return s;
+}
+
+// ---- Agreement ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string CodecList(const std::vector<CodecId>& codecs) {
+  std::string s = "[";
+  for (size_t i = 0; i < codecs.size(); ++i) {
+    s += (i ? ", " : "");
+    s += CodecName(codecs[i]);
+  }
+  return s + "]";
+}
+
+// The lossless part of a policy: what non-eligible tensors (and fixed lossless jobs) use.
+CodecId LosslessOf(const JobPolicy& p) {
+  return IsLossyCodec(p.codec) ? p.lossless_fallback : p.codec;
+}
+
+}  // namespace
+
+StatusOr<JobPolicy> MergePolicies(const std::string& job, std::span<const PolicyOffer> offers) {
+  if (offers.empty()) return InvalidArgumentError("no policy offers for job \"" + job + "\"");
+  // Sorted by region, so that notes (and the first conflicting pair) do not depend on the order
+  // the offers arrived in.
+  std::vector<const PolicyOffer*> sorted;
+  for (const PolicyOffer& o : offers) sorted.push_back(&o);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const PolicyOffer* a, const PolicyOffer* b) { return a->region < b->region; });
+
+  JobPolicy m;
+  m.note.clear();
+  // Allowed codecs: the intersection, in CodecId order.
+  m.allowed_codecs.clear();
+  for (int c = 0; c < kNumCodecs; ++c) {
+    const CodecId id = static_cast<CodecId>(c);
+    bool everywhere = true;
+    for (const PolicyOffer* o : sorted)
+      everywhere = everywhere && Allowed(o->policy.allowed_codecs, id);
+    if (everywhere) m.allowed_codecs.push_back(id);
+  }
+  const bool zstd_ok = Allowed(m.allowed_codecs, CodecId::kZstd);
+  const bool none_ok = Allowed(m.allowed_codecs, CodecId::kNone);
+  if (!zstd_ok && !none_ok) {
+    // Name two regions whose lossless codecs do not meet.
+    for (const PolicyOffer* a : sorted) {
+      for (const PolicyOffer* b : sorted) {
+        const auto& x = a->policy.allowed_codecs;
+        const auto& y = b->policy.allowed_codecs;
+        const bool meet = (Allowed(x, CodecId::kZstd) && Allowed(y, CodecId::kZstd)) ||
+                          (Allowed(x, CodecId::kNone) && Allowed(y, CodecId::kNone));
+        if (!meet) {
+          return FailedPreconditionError(
+              "job \"" + job + "\": the regions share no lossless codec: " + a->region +
+              " allows " + CodecList(x) + ", " + b->region + " allows " + CodecList(y) +
+              "; give every gateway's policy.allowed_codecs a common lossless codec (none or "
+              "zstd)");
+        }
+      }
+    }
+    return FailedPreconditionError("job \"" + job +
+                                   "\": the regions' policy.allowed_codecs share no lossless "
+                                   "codec (none or zstd); give them one in common");
+  }
+  m.max_relative_error = sorted[0]->policy.max_relative_error;
+  m.min_lossy_bytes = 0;
+  m.automatic = true;
+  m.error_feedback = false;
+  m.zstd_level = sorted[0]->policy.zstd_level;
+  bool all_lossy = true;
+  bool any_fixed_zstd = false;
+  std::string lossless_region;
+  for (const PolicyOffer* o : sorted) {
+    const JobPolicy& p = o->policy;
+    m.max_relative_error = std::min(m.max_relative_error, p.max_relative_error);
+    m.min_lossy_bytes = std::max(m.min_lossy_bytes, p.min_lossy_bytes);
+    m.automatic = m.automatic && p.automatic;
+    m.error_feedback = m.error_feedback || p.error_feedback;
+    m.zstd_level = std::min(m.zstd_level, p.zstd_level);
+    if (!IsLossyCodec(p.codec)) {
+      if (all_lossy) lossless_region = o->region;
+      all_lossy = false;
+    }
+    if (!p.automatic && LosslessOf(p) == CodecId::kZstd) any_fixed_zstd = true;
+  }
+  m.lossless_fallback =
+      zstd_ok && (m.automatic || any_fixed_zstd || !none_ok) ? CodecId::kZstd : CodecId::kNone;
+  m.codec = m.lossless_fallback;
+  std::ostringstream note;
+  if (all_lossy) {
+    // The most accurate of the lossy codecs the regions use that every region accepts.
+    std::optional<CodecId> best;
+    for (const PolicyOffer* o : sorted) {
+      const CodecId c = o->policy.codec;
+      if (!Allowed(m.allowed_codecs, c) || CodecRelativeErrorBound(c) > m.max_relative_error) {
+        continue;
+      }
+      if (!best || CodecRelativeErrorBound(c) < CodecRelativeErrorBound(*best)) best = c;
+    }
+    if (best) {
+      m.codec = *best;
+    } else {
+      note << "lossless: no region's lossy codec is allowed (within max_relative_error "
+           << m.max_relative_error << ") by every region";
+    }
+  } else {
+    bool someone_lossy = false;
+    for (const PolicyOffer* o : sorted)
+      someone_lossy = someone_lossy || IsLossyCodec(o->policy.codec);
+    if (someone_lossy)
+      note << "lossless: " << lossless_region << "'s policy for the job is lossless";
+  }
+  if (!IsLossyCodec(m.codec)) m.error_feedback = false;
+  if (sorted.size() > 1) {
+    std::string regions;
+    for (const PolicyOffer* o : sorted) regions += (regions.empty() ? "" : ", ") + o->region;
+    m.note = "agreed by " + regions;
+    if (!note.str().empty()) m.note += "; " + note.str();
+  } else {
+    m.note = sorted[0]->policy.note;
+  }
+  return m;
+}
+
+namespace {
+
+void PutU16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
+  b[at] = static_cast<uint8_t>(v);
+  b[at + 1] = static_cast<uint8_t>(v >> 8);
+}
+void PutU64(std::vector<uint8_t>& b, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b[at + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint16_t GetU16(std::span<const uint8_t> b, size_t at) {
+  return static_cast<uint16_t>(b[at] | (b[at + 1] << 8));
+}
+uint64_t GetU64(std::span<const uint8_t> b, size_t at) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | b[at + static_cast<size_t>(i)];
+  return v;
+}
+
+constexpr size_t kOfferHeaderBytes = 26;
+
+bool ValidCodecByte(uint8_t v) {
+  return v < kNumCodecs;
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodePolicyOffer(PolicyMessageKind kind, const std::string& job,
+                                       const JobPolicy& policy) {
+  const size_t len = std::min(job.size(), kMaxPolicyJobBytes);
+  std::vector<uint8_t> b(kOfferHeaderBytes + len, 0);
+  b[0] = kPolicyMessageVersion;
+  b[1] = static_cast<uint8_t>(kind);
+  b[2] = static_cast<uint8_t>((policy.automatic ? 1 : 0) | (policy.error_feedback ? 2 : 0));
+  b[3] = static_cast<uint8_t>(policy.codec);
+  b[4] = static_cast<uint8_t>(policy.lossless_fallback);
+  b[5] = static_cast<uint8_t>(static_cast<int8_t>(policy.zstd_level));
+  uint16_t mask = 0;
+  for (CodecId c : policy.allowed_codecs)
+    mask = static_cast<uint16_t>(mask | (1u << static_cast<unsigned>(c)));
+  PutU16(b, 6, mask);
+  PutU64(b, 8, policy.min_lossy_bytes);
+  uint64_t bits = 0;
+  static_assert(sizeof(double) == sizeof(uint64_t));
+  std::memcpy(&bits, &policy.max_relative_error, sizeof(bits));
+  PutU64(b, 16, bits);
+  PutU16(b, 24, static_cast<uint16_t>(len));
+  std::memcpy(b.data() + kOfferHeaderBytes, job.data(), len);
+  return b;
+}
+
+StatusOr<DecodedPolicyOffer> DecodePolicyOffer(std::span<const uint8_t> m) {
+  if (m.size() < kOfferHeaderBytes) {
+    return DataLossError("policy message of " + std::to_string(m.size()) +
+                         " bytes is shorter than its " + std::to_string(kOfferHeaderBytes) +
+                         "-byte header");
+  }
+  if (m[0] != kPolicyMessageVersion) {
+    return DataLossError("policy message version " + std::to_string(m[0]) +
+                         " is not supported (this gateway speaks version " +
+                         std::to_string(kPolicyMessageVersion) + "); upgrade the older gateway");
+  }
+  DecodedPolicyOffer d;
+  if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kOffer) &&
+      m[1] != static_cast<uint8_t>(PolicyMessageKind::kReply)) {
+    return DataLossError("policy message: unknown kind " + std::to_string(m[1]));
+  }
+  d.kind = static_cast<PolicyMessageKind>(m[1]);
+  if (!ValidCodecByte(m[3]) || !ValidCodecByte(m[4]) || IsLossyCodec(static_cast<CodecId>(m[4]))) {
+    return DataLossError("policy message: invalid codec " + std::to_string(m[3]) + " / fallback " +
+                         std::to_string(m[4]));
+  }
+  JobPolicy& p = d.policy;
+  p.automatic = (m[2] & 1) != 0;
+  p.error_feedback = (m[2] & 2) != 0;
+  p.codec = static_cast<CodecId>(m[3]);
+  p.lossless_fallback = static_cast<CodecId>(m[4]);
+  p.zstd_level = std::clamp<int>(static_cast<int8_t>(m[5]), kMinZstdLevel, kMaxZstdLevel);
+  const uint16_t mask = GetU16(m, 6);
+  p.allowed_codecs.clear();
+  for (int c = 0; c < kNumCodecs; ++c) {
+    if (mask & (1u << c)) p.allowed_codecs.push_back(static_cast<CodecId>(c));
+  }
+  p.min_lossy_bytes = GetU64(m, 8);
+  const uint64_t bits = GetU64(m, 16);
+  std::memcpy(&p.max_relative_error, &bits, sizeof(bits));
+  if (!(p.max_relative_error >= 0 && p.max_relative_error <= 1)) {
+    return DataLossError("policy message: max_relative_error out of [0, 1]");
+  }
+  const size_t len = GetU16(m, 24);
+  if (len == 0 || len > kMaxPolicyJobBytes || m.size() != kOfferHeaderBytes + len) {
+    return DataLossError("policy message: job length " + std::to_string(len) + " does not match " +
+                         std::to_string(m.size()) + " message bytes");
+  }
+  d.job.assign(reinterpret_cast<const char*>(m.data() + kOfferHeaderBytes), len);
+  return d;
+}
+
+PolicyAgreement::PolicyAgreement(int rank, std::vector<std::string> world)
+    : rank_(rank), world_(std::move(world)) {}
+
+void PolicyAgreement::RemergeLocked(const std::string& job, Job& j) {
+  j.merged.reset();
+  if (j.offers.size() < world_.size()) return;
+  std::vector<PolicyOffer> offers;
+  for (const auto& [rank, policy] : j.offers) {
+    offers.push_back(PolicyOffer{world_[static_cast<size_t>(rank)], policy});
+  }
+  j.merged = MergePolicies(job, offers);
+  cv_.notify_all();
+}
+
+void PolicyAgreement::SetLocal(const std::string& job, const JobPolicy& policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job& j = jobs_[job];
+  j.offers[rank_] = policy;
+  RemergeLocked(job, j);
+}
+
+StatusOr<std::optional<std::vector<uint8_t>>> PolicyAgreement::OnMessage(
+    int peer, std::span<const uint8_t> message) {
+  if (peer < 0 || static_cast<size_t>(peer) >= world_.size() || peer == rank_) {
+    return InvalidArgumentError("policy message from rank " + std::to_string(peer) +
+                                " outside the world");
+  }
+  STRAIT_ASSIGN_OR_RETURN(DecodedPolicyOffer d, DecodePolicyOffer(message));
+  std::lock_guard<std::mutex> lock(mu_);
+  Job& j = jobs_[d.job];
+  auto it = j.offers.find(peer);
+  const bool changed =
+      it == j.offers.end() || EncodePolicyOffer(PolicyMessageKind::kOffer, d.job, it->second) !=
+                                  EncodePolicyOffer(PolicyMessageKind::kOffer, d.job, d.policy);
+  j.offers[peer] = d.policy;
+  if (changed) RemergeLocked(d.job, j);
+  if (d.kind == PolicyMessageKind::kOffer) {
+    auto mine = j.offers.find(rank_);
+    if (mine != j.offers.end()) {
+      return std::optional<std::vector<uint8_t>>(
+          EncodePolicyOffer(PolicyMessageKind::kReply, d.job, mine->second));
+    }
+  }
+  return std::optional<std::vector<uint8_t>>();
+}
+
+std::vector<int> PolicyAgreement::Missing(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> missing;
+  auto it = jobs_.find(job);
+  for (size_t r = 0; r < world_.size(); ++r) {
+    if (it == jobs_.end() || it->second.offers.count(static_cast<int>(r)) == 0) {
+      missing.push_back(static_cast<int>(r));
+    }
+  }
+  return missing;
+}
+
+std::optional<std::vector<uint8_t>> PolicyAgreement::LocalOffer(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return std::nullopt;
+  auto mine = it->second.offers.find(rank_);
+  if (mine == it->second.offers.end()) return std::nullopt;
+  return EncodePolicyOffer(PolicyMessageKind::kOffer, job, mine->second);
+}
+
+std::optional<StatusOr<JobPolicy>> PolicyAgreement::Agreed(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return std::nullopt;
+  return it->second.merged;
+}
+
+StatusOr<JobPolicy> PolicyAgreement::Wait(const std::string& job, Deadline deadline,
+                                          const std::function<bool()>& stop) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = jobs_.find(job);
+    if (it != jobs_.end() && it->second.merged.has_value()) return *it->second.merged;
+    if (deadline.Expired() || (stop && stop())) {
+      std::string missing;
+      for (size_t r = 0; r < world_.size(); ++r) {
+        if (it == jobs_.end() || it->second.offers.count(static_cast<int>(r)) == 0) {
+          missing += (missing.empty() ? "" : ", ") + world_[r];
+        }
+      }
+      return DeadlineExceededError("job \"" + job + "\": no policy from " + missing +
+                                   " before the deadline; register the job in every region (its "
+                                   "gateways agree on one policy before the first all-reduce)");
+    }
+    const int64_t wait_ns = std::min<int64_t>(deadline.RemainingNanos(), 50'000'000);
+    cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns));
+  }
 }
 
 }  // namespace strait::gateway

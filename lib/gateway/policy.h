@@ -1,24 +1,59 @@
-// Job compression policy: what a job asks for, clamped to what the gateway operator allows.
+// Job compression policy: what a job asks for, clamped to what the gateway operator allows,
+// agreed between the regions, and turned into a codec per tensor and per link.
 //
 // A job names its policy in one short string (STRAIT_COMPRESSION, or the register-job request):
-//   "auto" | "none" | "zstd" | "zstd:<level>" | "int8" | "int4" | "fp8"  then optional ",ef" /
-//   ",noef" (error feedback on/off; default from the gateway config). Examples: "int8,ef",
-//   "zstd:3", "auto". An empty string means the gateway's default policy.
+//   "auto" | "auto:<int8|int4|fp8>" | "none" | "zstd" | "zstd:<level>" | "int8" | "int4" | "fp8"
+//   then optional ",ef" / ",noef" (error feedback on/off; default from the gateway config).
+//   Examples: "int8,ef", "zstd:3", "auto", "auto:int8". An empty string means the gateway's
+//   default policy.
 // The gateway clamps the request to its PolicyLimits: a codec that is not allowed, or a lossy
 // codec whose worst-case error exceeds max_relative_error, falls back to the best allowed
 // lossless codec (zstd, else none), and the reason is kept so that logs and the job can see it.
 // Per tensor, lossy codecs apply only to sum/avg of float32/bfloat16/float16 tensors of at
 // least min_lossy_bytes; everything else goes lossless.
-// Thread-safe: plain values and pure functions.
+//
+// `auto` (the rule; see ChooseLinkCodecs):
+//   - Per tensor and per link, from that link's estimates (goodput) and the codecs' measured
+//     speed and ratio (net::MeasureCodecProfiles, run once when the gateway starts), auto picks
+//     the codec with the least expected time max(encode, bytes / ratio / goodput, decode)
+//     (net::ChooseCodec), among the allowed lossless codecs (none, zstd) and, only with
+//     "auto:<lossy>", that one lossy codec for the tensors that may go lossy. Plain "auto" never
+//     goes lossy: quantized gradients are something a job opts into.
+//   - Bit-identity: an owner encodes its shard's result once and every region decodes that
+//     frame. A lossy result must therefore be one frame for every receiver: the owner goes lossy
+//     for everyone when auto picks the lossy codec on its slowest link, and then sends that one
+//     frame to all. Otherwise each link gets its own lossless choice (raw on a fast link, zstd
+//     on a slow one): those frames differ in bytes but decode to the same values, so every
+//     region still ends bit-identical. What a rank sends an owner (phase 1) is only ever decoded
+//     by that owner, so it follows each link's choice freely, lossy included.
+//   - Receivers accept a frame in any codec the agreed policy allows (frames say their codec).
+//
+// Agreement between regions (see MergePolicies and PolicyAgreement): before a job's first
+// all-reduce, every gateway sends its resolved policy for the job, with its operator's limits,
+// to every peer in a small versioned control message (EncodePolicyOffer; link channel
+// kPolicyChannel), and each takes the same deterministic merge of the n offers, the most
+// conservative one, so every region runs the job with one effective policy. A combination that
+// cannot work (no lossless codec every region allows) is one clear error naming both sides.
+//
+// Thread-safe: plain values and pure functions, except PolicyAgreement (internally locked).
 #ifndef STRAIT_LIB_GATEWAY_POLICY_H_
 #define STRAIT_LIB_GATEWAY_POLICY_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "common/clock.h"
 #include "gateway/config.h"
+#include "net/adapt.h"
+#include "net/estimates.h"
 #include "strait/codec.h"
 #include "strait/status.h"
 #include "strait/types.h"
@@ -27,9 +62,10 @@ namespace strait::gateway {
 
 // What the job asked for, syntactically valid but not yet clamped.
 struct PolicyRequest {
-  bool automatic = false;          // "auto"
-  CodecId codec = CodecId::kNone;  // when !automatic
-  std::optional<int> zstd_level;   // "zstd:<level>"
+  bool automatic = false;             // "auto" / "auto:<lossy>"
+  CodecId codec = CodecId::kNone;     // when !automatic
+  std::optional<CodecId> auto_lossy;  // "auto:<lossy>": the lossy codec auto may pick
+  std::optional<int> zstd_level;      // "zstd:<level>"
   std::optional<bool> error_feedback;
 };
 
@@ -40,15 +76,24 @@ StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text);
 // codecs): int8 1/254, int4 1/14, fp8 e4m3 1/16.
 double CodecRelativeErrorBound(CodecId codec);
 
-// A job's policy after clamping: used for every tensor of the job.
+// A job's policy after clamping (one gateway) or after the regions' merge: used for every tensor
+// of the job.
 struct JobPolicy {
-  CodecId codec = CodecId::kZstd;  // the codec for eligible tensors
+  // Fixed policy: the codec for eligible tensors. Auto: the lossy codec auto may pick for
+  // eligible tensors, or lossless_fallback when auto stays lossless.
+  CodecId codec = CodecId::kZstd;
+  bool automatic = false;  // codec per link (see the file comment)
   int zstd_level = 1;
   bool error_feedback = false;
   uint64_t min_lossy_bytes = 0;
   CodecId lossless_fallback = CodecId::kZstd;  // for tensors that may not go lossy
-  std::string note;  // why the request was changed ("" when taken as asked)
-  // E.g. "int8+ef (min lossy 64 KiB)" or "zstd:1 (int4 not allowed by gateway: ...)".
+  // What the operator(s) allow: the codecs auto chooses among and receivers accept. Always holds
+  // a lossless codec.
+  std::vector<CodecId> allowed_codecs;
+  double max_relative_error = 1;  // the operator's limit (the least of the regions' once merged)
+  std::string note;               // why the request was changed ("" when taken as asked)
+  // E.g. "int8+ef (lossy from 64 KiB, else zstd)", "auto (lossless per link: none, zstd)" or
+  // "zstd:1 [int4 not allowed by the gateway's policy.allowed_codecs]".
   std::string ToString() const;
 };
 
@@ -58,13 +103,146 @@ JobPolicy ClampPolicy(const PolicyRequest& request, const PolicyLimits& limits);
 // ParsePolicyRequest + ClampPolicy; an empty text takes the limits' defaults.
 StatusOr<JobPolicy> ResolvePolicy(std::string_view text, const PolicyLimits& limits);
 
-// The codec for one tensor under `policy`.
+// ---- Agreement between regions -----------------------------------------------------------------
+
+// One region's resolved policy for a job, as sent to the other regions.
+struct PolicyOffer {
+  std::string region;  // filled by the receiver from the link, not sent
+  JobPolicy policy;    // note is not sent
+};
+
+// The merge every region takes of the n offers (any order: the result does not depend on it):
+//   allowed codecs      the intersection; without a lossless codec in it the job cannot run:
+//                       kFailedPrecondition naming two regions whose lists do not meet.
+//   max relative error  the least; min_lossy_bytes the largest.
+//   lossy codec         only if every region's policy uses one (fixed or auto:<lossy>): among
+//                       those codecs, the one with the least error bound that every region
+//                       allows and whose bound is within every region's max_relative_error;
+//                       else none (lossless), and the note names the region that kept it so.
+//   automatic           only if every region's policy is auto; otherwise fixed.
+//   lossless codec      auto: chosen per link; fixed: zstd if any region's lossless codec is
+//                       zstd and every region allows it, else the allowed one.
+//   zstd level          the lowest any region asked for (never slower than a region wanted;
+//                       any level decodes everywhere).
+//   error feedback      on if any region has it on (it only makes results more accurate).
+// `offers` must be non-empty; regions should be distinct.
+StatusOr<JobPolicy> MergePolicies(const std::string& job, std::span<const PolicyOffer> offers);
+
+// The link channel gateways exchange policy offers on (below the collective lanes 16..31).
+inline constexpr uint32_t kPolicyChannel = 8;
+
+// Control message, version 1 (little-endian):
+//   off size field
+//     0    1 version (kPolicyMessageVersion = 1)
+//     1    1 kind (PolicyMessageKind)
+//     2    1 flags: bit 0 automatic, bit 1 error feedback
+//     3    1 codec (CodecId)
+//     4    1 lossless fallback (CodecId)
+//     5    1 zstd level (int8)
+//     6    2 allowed codecs: bit i set = CodecId i allowed
+//     8    8 min_lossy_bytes
+//    16    8 max_relative_error (IEEE double)
+//    24    2 job length L (1..kMaxPolicyJobBytes)
+//    26    L job
+// A receiver refuses another version, an unknown kind or codec, or a length that does not
+// match, with kDataLoss naming the field; unknown allowed-codec bits are ignored (a newer codec
+// the peer allows cannot be in the intersection).
+inline constexpr uint8_t kPolicyMessageVersion = 1;
+inline constexpr size_t kMaxPolicyJobBytes = 1024;
+enum class PolicyMessageKind : uint8_t {
+  kOffer = 1,  // "here is my policy for this job; send me yours"
+  kReply = 2,  // an answer to kOffer: "here is mine" (not answered again)
+};
+std::vector<uint8_t> EncodePolicyOffer(PolicyMessageKind kind, const std::string& job,
+                                       const JobPolicy& policy);
+struct DecodedPolicyOffer {
+  PolicyMessageKind kind = PolicyMessageKind::kOffer;
+  std::string job;
+  JobPolicy policy;
+};
+StatusOr<DecodedPolicyOffer> DecodePolicyOffer(std::span<const uint8_t> message);
+
+// Each gateway's side of the agreement, for the ranks of its world (rank = index in `world`).
+// The gateway wires it to its links:
+//   - on register-job: SetLocal(job, policy);
+//   - on a message on kPolicyChannel from peer p: OnMessage(p, bytes); if it returns bytes, send
+//     them back to p (the reply to an offer);
+//   - before a job's all-reduce: Agreed(job); if not there yet, send LocalOffer(job) to every
+//     peer (those that offered already are waiting for it; the others reply with theirs), then
+//     Wait(job, ...) in slices of a second, offering again to Missing(job) after each (a peer
+//     that registers later, restarted, or lost a message is reached without another trigger).
+// Offers are kept per (job, peer); a newer offer from a peer (e.g. after it restarted with
+// another config) replaces the old one and the merge is redone, so the change applies to
+// operations started after it arrived. Operations racing such a change can disagree on codecs
+// or chunk alignment; they then fail with a codec-mismatch or element-count error, never with a
+// wrong sum. Thread-safe; Wait blocks, the rest does not.
+class PolicyAgreement {
+ public:
+  PolicyAgreement(int rank, std::vector<std::string> world);
+
+  // This gateway's resolved policy for `job` (replaces an earlier one).
+  void SetLocal(const std::string& job, const JobPolicy& policy);
+  // A control message from rank `peer`. Returns the reply to send back to it (for an offer of a
+  // job registered here), nothing otherwise; kDataLoss for a malformed message.
+  StatusOr<std::optional<std::vector<uint8_t>>> OnMessage(int peer,
+                                                          std::span<const uint8_t> message);
+  // The ranks whose offer for `job` has not arrived.
+  std::vector<int> Missing(const std::string& job) const;
+  // The offer message for `job` (kOffer), or nothing if the job is not registered here.
+  std::optional<std::vector<uint8_t>> LocalOffer(const std::string& job) const;
+  // The merged policy once every region's offer is in (else nothing); the merge error if the
+  // offers cannot be merged.
+  std::optional<StatusOr<JobPolicy>> Agreed(const std::string& job) const;
+  // Blocks until Agreed(job) or the deadline (or `stop()` turns true, checked every 50 ms).
+  // kDeadlineExceeded names the regions that sent no policy for the job (not registered
+  // there, or unreachable).
+  StatusOr<JobPolicy> Wait(const std::string& job, Deadline deadline,
+                           const std::function<bool()>& stop = nullptr) const;
+
+ private:
+  struct Job {
+    std::map<int, JobPolicy> offers;  // by rank, this one's included once registered
+    std::optional<StatusOr<JobPolicy>> merged;
+  };
+  void RemergeLocked(const std::string& job, Job& j);
+
+  const int rank_;
+  const std::vector<std::string> world_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::map<std::string, Job> jobs_;
+};
+
+// ---- Per tensor and per link ------------------------------------------------------------------
+
+// The codecs of one tensor's all-reduce. `codec` is the same on every region (it fixes the
+// plan's chunk alignment and is the codec of every frame under a fixed policy); under auto the
+// per-rank vectors (indexed by rank, this rank's own entry included) say what each frame uses.
 struct TensorCodec {
   CodecOptions codec;
   bool error_feedback = false;
+  // Auto only (empty otherwise): codec of this rank's input frames to each rank; of its owner
+  // results to each rank (one lossy codec for all, or lossless per rank); and the codecs a
+  // received frame may use.
+  std::vector<CodecId> send_codecs;
+  std::vector<CodecId> result_codecs;
+  std::vector<CodecId> accept_codecs;
+  // One line for logs and replies, e.g. "int8" or "auto: send none/zstd/zstd, result zstd".
+  std::string ToString() const;
 };
-TensorCodec ChooseTensorCodec(const JobPolicy& policy, DataType dtype, ReduceOp op,
-                              size_t count);
+
+// The fixed part: the codec for one tensor under `policy` (lossy only where eligible).
+TensorCodec ChooseTensorCodec(const JobPolicy& policy, DataType dtype, ReduceOp op, size_t count);
+
+// ChooseTensorCodec plus, when `policy` is auto, the per-link choice (see the file comment) for
+// rank `self` of a world of links.size() ranks, from each peer link's estimates (`links[self]`
+// is ignored; an unmeasured link counts as `fallback_bytes_per_s`) and codec `profiles`
+// (measured on float32; adapted to `dtype`). A codec the policy does not allow is never chosen
+// (where raw is not allowed, zstd stands in for it). Pure.
+TensorCodec ChooseLinkCodecs(const JobPolicy& policy, DataType dtype, ReduceOp op, size_t count,
+                             int self, std::span<const net::LinkEstimates> links,
+                             std::span<const net::CodecProfile> profiles,
+                             double fallback_bytes_per_s = 125e6);
 
 }  // namespace strait::gateway
 

@@ -69,6 +69,25 @@ TEST(GatewayConfig, ParsesAGoodFile) {
   EXPECT_NE(c->Summary().find("world [ap-south, eu-west, us-east]"), std::string::npos);
 }
 
+TEST(GatewayConfig, OwnRegionTableListsTheRegionsGateways) {
+  EXPECT_TRUE(ParseConfig(kGood, "f.toml")->region_gateways.empty());
+  EXPECT_EQ(ParseConfig(kGood, "f.toml")->RegionSize(), 1);
+  // The same [peers] section for every gateway of the cluster: this one's own entry is ignored.
+  std::string text = kGood;
+  text.replace(text.find("[peers.ap-south]"), 16,
+               "[peers.us-east]\nshard_0 = \"10.0.0.1:7400\"\nshard_1 = \"10.0.0.2:7400\"\n"
+               "[peers.ap-south]");
+  auto c = ParseConfig(text, "f.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->region_gateways.size(), 1u);
+  EXPECT_EQ(c->region_gateways.at(0).ToString(), "10.0.0.1:7400");
+  EXPECT_EQ(c->RegionSize(), 2);
+  // The cross-region world is unchanged: the own region once.
+  EXPECT_EQ(c->WorldRegions(), (std::vector<std::string>{"ap-south", "eu-west", "us-east"}));
+  EXPECT_EQ(c->peers.count("us-east"), 0u);
+  EXPECT_NE(c->Summary().find("region gateways 2"), std::string::npos) << c->Summary();
+}
+
 TEST(GatewayConfig, PlainTransportNeedsNoTls) {
   std::string text = kGood;
   const size_t tls = text.find("[tls]");
@@ -127,8 +146,18 @@ const BadCase kBadCases[] = {
      "f.toml:17:11: peers.ap-south.shard_1: found an integer; allowed: a string \"host:port\""},
     {"peer address bad", "shard_1 = \"10.1.0.2:7400\"", "shard_1 = \"10.1.0.2\"",
      "peers.eu-west.shard_1: found \"10.1.0.2\"; allowed:"},
-    {"own region as peer", "[peers.ap-south]", "[peers.us-east]",
-     "peers.us-east: this gateway's own region is listed as a peer"},
+    {"own region lists only this gateway", "[peers.ap-south]", "[peers.us-east]",
+     "f.toml:16:1: peers.us-east.shard_0: missing: the gateways of region us-east are numbered "
+     "shard_0..shard_1 (this is shard_1) and a region all-reduce needs every one"},
+    {"own region gateways with a gap", "[peers.ap-south]",
+     "[peers.us-east]\nshard_2 = \"10.0.0.3:7400\"\n[peers.ap-south]",
+     "peers.us-east.shard_0: missing: the gateways of region us-east are numbered "
+     "shard_0..shard_2 (this is shard_1)"},
+    {"other region runs more gateways", "[peers.ap-south]\nshard_1 = \"[fd00::7]:7400\"",
+     "[peers.us-east]\nshard_0 = \"10.0.0.1:7400\"\n[peers.ap-south]\nshard_1 = "
+     "\"[fd00::7]:7400\"\nshard_2 = \"[fd00::8]:7400\"",
+     "peers.ap-south.shard_2: region us-east runs 2 gateways ([peers.us-east] lists "
+     "shard_0..shard_1)"},
     {"streams out of range", "streams = 8", "streams = 0",
      "link.streams: found 0; allowed: an integer in [1, 64]"},
     {"bad duration", "unreachable_after = \"45s\"", "unreachable_after = \"45\"",
@@ -196,6 +225,34 @@ TEST(GatewayConfig, MissingFileIsNotFound) {
   EXPECT_NE(c.status().message().find("/nonexistent/straitd.toml"), std::string::npos);
 }
 
+TEST(GatewayConfig, ShardWeightsNameEveryRegionInWorldOrder) {
+  std::string text = kGood;
+  EXPECT_TRUE(ParseConfig(text, "f.toml")->ShardWeights().empty()) << "default: equal shards";
+  text += "shard_weights = { us-east = 200, eu-west = 100, ap-south = 50 }\n";
+  auto c = ParseConfig(text, "f.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  // WorldRegions() is sorted: ap-south, eu-west, us-east.
+  EXPECT_EQ(c->ShardWeights(), (std::vector<uint64_t>{50, 100, 200}));
+  EXPECT_NE(c->Summary().find("shard weights [50, 100, 200]"), std::string::npos) << c->Summary();
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"{ us-east = 200, eu-west = 100 }", "allreduce.shard_weights: no weight for region ap-south"},
+      {"{ us-east = 2, eu-west = 1, ap-south = 1, mars = 1 }",
+       "allreduce.shard_weights.mars: not a region of this gateway's world"},
+      {"{ us-east = 2, eu-west = 0, ap-south = 1 }",
+       "allreduce.shard_weights.eu-west: found an integer <= 0; allowed: a table of region"},
+      {"{ us-east = 2, eu-west = \"1\", ap-south = 1 }",
+       "allreduce.shard_weights.eu-west: found a string; allowed:"},
+      {"[1, 2, 3]", "allreduce.shard_weights: found an array; allowed: a table"},
+  };
+  for (const auto& [value, expect] : bad) {
+    auto b = ParseConfig(std::string(kGood) + "shard_weights = " + value + "\n", "f.toml");
+    ASSERT_FALSE(b.ok()) << value;
+    EXPECT_NE(b.status().message().find(expect), std::string::npos)
+        << value << "\n  got:  " << b.status().message() << "\n  want: " << expect;
+  }
+}
+
 TEST(HostPort, ParsesIpv4AndIpv6) {
   auto a = ParseHostPort("127.0.0.1:9");
   ASSERT_TRUE(a.ok());
@@ -209,6 +266,32 @@ TEST(HostPort, ParsesIpv4AndIpv6) {
   EXPECT_FALSE(ParseHostPort("1.2.3.4:0").ok());
   EXPECT_FALSE(ParseHostPort("1.2.3.4:").ok());
   EXPECT_FALSE(ParseHostPort("[::1]80").ok());
+}
+
+TEST(GatewayConfig, MetricsListenIsOptionalAndValidated) {
+  auto off = ParseConfig(kGood, "f.toml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->metrics_listen.has_value());
+  auto on = ParseConfig(std::string(kGood) + "[metrics]\nlisten = \"127.0.0.1:9464\"\n", "f.toml");
+  ASSERT_TRUE(on.ok()) << on.status();
+  ASSERT_TRUE(on->metrics_listen.has_value());
+  EXPECT_EQ(on->metrics_listen->ToString(), "127.0.0.1:9464");
+  auto bad = ParseConfig(std::string(kGood) + "[metrics]\nlisten = \"localhost:9464\"\n", "f.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.toml:31:10: metrics.listen: found \"localhost:9464\""),
+            std::string::npos)
+      << bad.status();
+  auto missing = ParseConfig(std::string(kGood) + "[metrics]\nport = 9464\n", "f.toml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("metrics: missing required key `listen`"),
+            std::string::npos)
+      << missing.status();
+  auto unknown =
+      ParseConfig(std::string(kGood) + "[metrics]\nlisten = \"127.0.0.1:1\"\npath = \"/m\"\n",
+                  "f.toml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("metrics.path: unknown key"), std::string::npos)
+      << unknown.status();
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
 
+#include "collective/net_transport.h"
 #include "gateway/client.h"
 
 namespace strait::gateway {
@@ -137,6 +139,24 @@ TEST(OperationId, StableAndDistinct) {
   EXPECT_NE(OperationId("job", "w", 0), OperationId("job", "w", 1));
   EXPECT_NE(OperationId("ab", "c", 0), OperationId("a", "bc", 0));
   EXPECT_LT(OperationId("job", "w", 7), uint64_t{1} << 38);
+}
+
+// A job's op ids carry its lane (NetTransport sends each job on its own link channel, so jobs
+// share links round-robin); the lanes spread over the channels.
+TEST(OperationId, CarriesTheJobsLane) {
+  std::set<uint32_t> lanes;
+  for (int j = 0; j < 64; ++j) {
+    const std::string job = "job-" + std::to_string(j);
+    const uint32_t lane = JobLane(job);
+    ASSERT_LT(lane, collective::kCollectiveChannelCount);
+    lanes.insert(lane);
+    for (uint64_t seq = 0; seq < 5; ++seq) {
+      const uint64_t id = OperationId(job, "layer" + std::to_string(seq), seq);
+      EXPECT_EQ(id % collective::kCollectiveChannelCount, lane) << job;
+      EXPECT_LT(id, uint64_t{1} << 38);
+    }
+  }
+  EXPECT_GE(lanes.size(), collective::kCollectiveChannelCount / 2);
 }
 
 }  // namespace

@@ -229,5 +229,131 @@ TEST(LocalProtocol, FramesOverASocketPair) {
   ::close(sv[1]);
 }
 
+TEST(LocalProtocol, TunnelMessagesRoundTrip) {
+  Message connect;
+  connect.type = MessageType::kTunnelConnect;
+  connect.tunnel_region = "eu-west";
+  connect.tunnel_shard = 2;
+  connect.listen_id = 0x0102030405060708ull;
+  connect.timeout_ms = 1500;
+  auto f = EncodeMessage(connect);
+  ASSERT_TRUE(f.ok()) << f.status();
+  // type 6, region (2 + 7), shard 4, listen id 8, timeout 4.
+  ASSERT_EQ(f->size(), 4u + 1 + 9 + 4 + 8 + 4);
+  EXPECT_EQ((*f)[4], 6);
+  EXPECT_EQ((*f)[4 + 1 + 9 + 4], 0x08);  // listen id, little-endian
+  auto c = DecodeMessage(Body(*f));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tunnel_region, "eu-west");
+  EXPECT_EQ(c->tunnel_shard, 2u);
+  EXPECT_EQ(c->listen_id, connect.listen_id);
+  EXPECT_EQ(c->timeout_ms, 1500u);
+
+  Message listen;
+  listen.type = MessageType::kTunnelListen;
+  f = EncodeMessage(listen);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->size(), 5u);
+  EXPECT_EQ(DecodeMessage(Body(*f))->type, MessageType::kTunnelListen);
+
+  Message accept;
+  accept.type = MessageType::kTunnelAccept;
+  accept.tunnel_id = 0xfedcba9876543210ull;
+  f = EncodeMessage(accept);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->size(), 4u + 1 + 8);
+  EXPECT_EQ(DecodeMessage(Body(*f))->tunnel_id, accept.tunnel_id);
+
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4096}}) {
+    Message data;
+    data.type = MessageType::kTunnelData;
+    data.tag = 0x11223344;
+    data.data.assign(n, 0xab);
+    f = EncodeMessage(data);
+    ASSERT_TRUE(f.ok());
+    // The layout a plugin writes by hand: length, type 8, u32 tag, the bytes.
+    ASSERT_EQ(f->size(), 4 + kTunnelDataOverhead + n);
+    EXPECT_EQ((*f)[0] | ((*f)[1] << 8), static_cast<int>((kTunnelDataOverhead + n) & 0xffff));
+    EXPECT_EQ((*f)[4], 8);
+    EXPECT_EQ((*f)[5], 0x44);
+    auto d = DecodeMessage(Body(*f));
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->tag, 0x11223344u);
+    EXPECT_EQ(d->data, data.data);
+  }
+
+  Message close;
+  close.type = MessageType::kTunnelClose;
+  close.code = StatusCode::kUnavailable;
+  close.text = "the gateway of region eu-west is gone";
+  f = EncodeMessage(close);
+  ASSERT_TRUE(f.ok());
+  auto cl = DecodeMessage(Body(*f));
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->code, StatusCode::kUnavailable);
+  EXPECT_EQ(cl->text, close.text);
+  EXPECT_STREQ(MessageTypeName(MessageType::kTunnelClose), "tunnel-close");
+}
+
+TEST(LocalProtocol, BadTunnelMessagesAreRefused) {
+  Message connect;
+  connect.type = MessageType::kTunnelConnect;
+  connect.tunnel_region = "";  // required
+  EXPECT_EQ(EncodeMessage(connect).status().code(), StatusCode::kInvalidArgument);
+  connect.tunnel_region = "us";
+  auto f = EncodeMessage(connect);
+  ASSERT_TRUE(f.ok());
+  const std::vector<uint8_t> body = Body(*f);
+  for (size_t n = 0; n < body.size(); ++n) {
+    std::vector<uint8_t> cut(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(n));
+    auto m = DecodeMessage(cut);
+    ASSERT_FALSE(m.ok()) << n;
+    EXPECT_TRUE(m.status().code() == StatusCode::kDataLoss ||
+                m.status().code() == StatusCode::kInvalidArgument)
+        << n << ": " << m.status();
+  }
+  std::vector<uint8_t> longer = body;
+  longer.push_back(1);
+  EXPECT_NE(DecodeMessage(longer).status().message().find("1 trailing bytes"), std::string::npos);
+  // A tunnel-data body shorter than its tag; an accept with a short id.
+  EXPECT_EQ(DecodeMessage(std::vector<uint8_t>{8, 1, 2}).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeMessage(std::vector<uint8_t>{7, 1, 2, 3}).status().code(),
+            StatusCode::kDataLoss);
+  // A close with an unknown status code.
+  EXPECT_NE(DecodeMessage(std::vector<uint8_t>{9, 77, 0, 0, 0, 0, 0}).status().message().find(
+                "unknown status code 77"),
+            std::string::npos);
+  // A data frame over the limit.
+  Message big;
+  big.type = MessageType::kTunnelData;
+  big.data.assign(100, 1);
+  EXPECT_EQ(EncodeMessage(big, 100).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(LocalProtocol, TunnelEventsRoundTripAndRefuseGarbage) {
+  const TunnelEvent listening{TunnelEventKind::kListening, 0x1234, 5, "ap-south"};
+  const std::vector<uint8_t> bytes = EncodeTunnelEvent(listening);
+  // kind, id, shard, region.
+  ASSERT_EQ(bytes.size(), 1u + 8 + 4 + 2 + 8);
+  EXPECT_EQ(bytes[0], 1);
+  auto e = DecodeTunnelEvent(bytes);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->kind, TunnelEventKind::kListening);
+  EXPECT_EQ(e->id, 0x1234u);
+  EXPECT_EQ(e->shard, 5u);
+  EXPECT_EQ(e->region, "ap-south");
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_FALSE(DecodeTunnelEvent(cut).ok()) << n;
+  }
+  std::vector<uint8_t> bad = bytes;
+  bad[0] = 3;
+  EXPECT_NE(DecodeTunnelEvent(bad).status().message().find("unknown tunnel event kind 3"),
+            std::string::npos);
+  bad = bytes;
+  bad.push_back(0);
+  EXPECT_FALSE(DecodeTunnelEvent(bad).ok());
+}
+
 }  // namespace
 }  // namespace strait::gateway

@@ -2,6 +2,9 @@
 // int8 and a zstd all-reduce through its local gateway; results checked against the reference
 // and bit for bit across regions; a bad request answered with an error while the daemon keeps
 // serving; SIGTERM ends every daemon with exit status 0. Runs over plain TCP and over TLS.
+// Then policies: daemons whose [policy] sections differ agree on one policy per job (the merged,
+// most conservative one) and `auto` runs end to end; [policy] sections with no lossless codec
+// in common fail the job's all-reduce with one error naming both sides.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -14,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,10 +56,11 @@ std::vector<uint16_t> FreePorts(int n) {
   return ports;
 }
 
-class Straitd : public ::testing::TestWithParam<bool> {
+class StraitdBase : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const bool tls = GetParam();
+  // Writes one config per region (`policy[r]`: the lines of its [policy] section) and starts
+  // the daemons.
+  void StartDaemons(bool tls, const std::vector<std::string>& policy) {
     char tmpl[] = "/tmp/straitd-test-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -85,7 +90,7 @@ class Straitd : public ::testing::TestWithParam<bool> {
              std::to_string(ports[p]) + "\"\n";
       }
       c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"10s\"\n";
-      c += "[policy]\nmin_lossy_bytes = \"4KiB\"\n";
+      c += "[policy]\n" + policy[static_cast<size_t>(r)];
       c += "[allreduce]\ndeadline = \"30s\"\nshutdown_grace = \"5s\"\n";
       const std::string file = dir_ + "/" + kNames[r] + ".toml";
       std::ofstream(file) << c;
@@ -150,6 +155,13 @@ class Straitd : public ::testing::TestWithParam<bool> {
   std::optional<net::testing::TestPki> pki_;
   std::vector<std::string> files_;
   std::vector<pid_t> pids_;
+};
+
+class Straitd : public StraitdBase, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    StartDaemons(GetParam(), std::vector<std::string>(kRegions, "min_lossy_bytes = \"4KiB\"\n"));
+  }
 };
 
 std::vector<float> Input(int r) {
@@ -223,6 +235,123 @@ TEST_P(Straitd, ThreeRegionsAllReduceThroughTheirGateways) {
   EXPECT_NE(stats->find("allreduce_ok 2\n"), std::string::npos) << *stats;
   EXPECT_NE(stats->find("bad_requests 2\n"), std::string::npos) << *stats;
 
+  StopAll();
+}
+
+// Each region's client registers `requests[r]` as `job` and all-reduces Input(r) through its
+// gateway; returns the results (empty where a call failed) and the statuses.
+std::vector<Status> RunJob(const std::function<std::string(int)>& socket, const std::string& job,
+                           const std::vector<std::string>& requests,
+                           std::vector<std::vector<float>>* out) {
+  std::vector<Status> status(kRegions);
+  out->assign(kRegions, {});
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRegions; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t i = static_cast<size_t>(r);
+      auto client = Client::Connect(socket(r), Deadline::AfterSeconds(20), kNames[r]);
+      if (!client.ok()) {
+        status[i] = client.status();
+        return;
+      }
+      auto registered = (*client)->RegisterJob(job, requests[i], Deadline::AfterSeconds(5));
+      if (!registered.ok()) {
+        status[i] = registered.status();
+        return;
+      }
+      std::vector<float> data = Input(r);
+      status[i] = (*client)->AllReduce(job, "grad", DataType::kFloat32, ReduceOp::kSum, data.data(),
+                                       kCount, Deadline::AfterSeconds(30));
+      if (status[i].ok()) (*out)[i] = std::move(data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+// The exact sum in the mesh's fixed rank order (regions sorted: ap, eu, us) in fp32.
+float Exact(size_t i) {
+  static const std::vector<float> a = Input(0), b = Input(1), c = Input(2);
+  return (c[i] + b[i]) + a[i];
+}
+
+// The int8 bound of the first test: 3 quantized inputs and a quantized result.
+constexpr double kInt8Bound = 3 * 0.5 * 3.02 / 127 + 0.5 * 6.1 / 127 + 1e-4;
+
+class StraitdPolicy : public StraitdBase {};
+
+TEST_F(StraitdPolicy, RegionsWithDifferentPoliciesAgreeOnTheMergedOne) {
+  // us takes the defaults (every codec, max error 0.1, default "auto"); eu allows no lossy codec
+  // but int8 and a smaller error; ap defaults jobs to "auto:int8".
+  StartDaemons(false, {"min_lossy_bytes = \"4KiB\"\n",
+                       "min_lossy_bytes = \"16KiB\"\nmax_relative_error = 0.01\n"
+                       "allowed_codecs = [\"none\", \"zstd\", \"int8\"]\n",
+                       "min_lossy_bytes = \"4KiB\"\ncodec = \"auto:int8\"\n"});
+  ASSERT_FALSE(HasFatalFailure());
+  auto socket = [this](int r) { return Socket(r); };
+  std::vector<std::vector<float>> out;
+
+  // fp8 everywhere: eu clamps it to zstd, so the job runs lossless in every region (without
+  // the agreement us and ap would send fp8 frames that eu refuses).
+  auto status = RunJob(socket, "fp8-job", {"fp8", "fp8", "fp8"}, &out);
+  for (int r = 0; r < kRegions; ++r) ASSERT_TRUE(status[r].ok()) << kNames[r] << ": " << status[r];
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out[0][i], Exact(i)) << i;
+  for (int r = 1; r < kRegions; ++r) {
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), kCount * 4), 0) << kNames[r];
+  }
+
+  // int8 in us and eu, fp8 in ap: the most accurate lossy codec every region allows, int8 (fp8's
+  // error, up to 1/16 of a block's absmax, would break the int8 bound).
+  status = RunJob(socket, "mixed-job", {"int8", "int8", "fp8"}, &out);
+  for (int r = 0; r < kRegions; ++r) ASSERT_TRUE(status[r].ok()) << kNames[r] << ": " << status[r];
+  size_t inexact = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_NEAR(out[0][i], Exact(i), kInt8Bound) << i;
+    inexact += out[0][i] != Exact(i);
+  }
+  EXPECT_GT(inexact, kCount / 2) << "the run looks lossless: was int8 used?";
+  for (int r = 1; r < kRegions; ++r) {
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), kCount * 4), 0) << kNames[r];
+  }
+
+  // The gateways' defaults: auto in us and eu, auto:int8 in ap -> auto, lossless per link.
+  status = RunJob(socket, "default-job", {"", "", ""}, &out);
+  for (int r = 0; r < kRegions; ++r) ASSERT_TRUE(status[r].ok()) << kNames[r] << ": " << status[r];
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out[0][i], Exact(i)) << i;
+  for (int r = 1; r < kRegions; ++r) {
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), kCount * 4), 0) << kNames[r];
+  }
+
+  // auto:int8 everywhere: per link, int8 or lossless as the loopback's estimates say; either way
+  // within the int8 bound and bit-identical.
+  status = RunJob(socket, "auto-job", {"auto:int8", "auto:int8", "auto:int8"}, &out);
+  for (int r = 0; r < kRegions; ++r) ASSERT_TRUE(status[r].ok()) << kNames[r] << ": " << status[r];
+  for (size_t i = 0; i < kCount; ++i) ASSERT_NEAR(out[0][i], Exact(i), kInt8Bound) << i;
+  for (int r = 1; r < kRegions; ++r) {
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), kCount * 4), 0) << kNames[r];
+  }
+
+  auto client = Client::Connect(Socket(0), Deadline::AfterSeconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->find("allreduce_ok 4\n"), std::string::npos) << *stats;
+  StopAll();
+}
+
+TEST_F(StraitdPolicy, NoCommonLosslessCodecIsOneClearError) {
+  StartDaemons(false, {"allowed_codecs = [\"none\", \"int8\"]\n",
+                       "allowed_codecs = [\"zstd\", \"int8\"]\n", ""});
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<std::vector<float>> out;
+  auto status = RunJob([this](int r) { return Socket(r); }, "job", {"int8", "int8", "int8"}, &out);
+  for (int r = 0; r < kRegions; ++r) {
+    EXPECT_EQ(status[r].code(), StatusCode::kFailedPrecondition) << kNames[r] << ": " << status[r];
+    EXPECT_NE(status[r].message().find("the regions share no lossless codec: eu allows [zstd, "
+                                       "int8], us allows [none, int8]"),
+              std::string::npos)
+        << status[r];
+  }
   StopAll();
 }
 

@@ -1,11 +1,22 @@
 // straitd: the region gateway daemon. Parses flags, loads the config, runs the Gateway until
-// SIGTERM or SIGINT, then shuts it down within the config's allreduce.shutdown_grace.
+// SIGTERM or SIGINT, then shuts it down within the config's allreduce.shutdown_grace. SIGHUP
+// reloads the TLS certificate, key and CA for new handshakes (links up stay up).
 //
 //   straitd --config /etc/strait/straitd.toml
 //   straitd --check-config /etc/strait/straitd.toml   # "config OK: ..." and 0, or the error and 2
+//
+// Under systemd (Type=notify, deploy/systemd/straitd.service) it reports READY=1 once its
+// sockets are bound and STOPPING=1 when a stop signal arrives, through $NOTIFY_SOCKET.
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -14,12 +25,45 @@
 #include "gateway/config.h"
 #include "gateway/gateway.h"
 
+namespace {
+
+// sd_notify(3) without libsystemd: one datagram of "KEY=value" lines to the Unix socket named
+// by $NOTIFY_SOCKET (a path, or "@name" for the abstract namespace). Does nothing when the
+// variable is unset (not started by systemd, or Type is not notify). Failures are logged, not
+// fatal: systemd then times the start out, which says more than straitd exiting would.
+void NotifySystemd(const std::string& state) {
+  const char* socket_path = std::getenv("NOTIFY_SOCKET");
+  if (socket_path == nullptr || socket_path[0] == '\0') return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t length = std::strlen(socket_path);
+  if ((socket_path[0] != '/' && socket_path[0] != '@') || length >= sizeof(addr.sun_path)) {
+    STRAIT_LOG(kWarn, "straitd") << "NOTIFY_SOCKET '" << socket_path
+                                 << "' is not a Unix socket path; systemd is not notified";
+    return;
+  }
+  std::memcpy(addr.sun_path, socket_path, length);
+  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const auto addr_length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + length);
+  if (fd < 0 || ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+                         reinterpret_cast<const sockaddr*>(&addr), addr_length) < 0) {
+    STRAIT_LOG(kWarn, "straitd") << "cannot notify systemd through NOTIFY_SOCKET '" << socket_path
+                                 << "': " << std::strerror(errno);
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"straitd: Strait region gateway"};
-  std::string config_file, check_file, log_level;
+  std::string config_file, check_file, log_level, log_format;
   app.add_option("--config", config_file, "gateway config file (TOML)");
   app.add_option("--check-config", check_file, "validate a config file and exit");
   app.add_option("--log-level", log_level, "error, warn, info, debug, trace");
+  app.add_option("--log-format", log_format,
+                 "text (default) or json (one object per line: ts, level, subsystem, msg)");
   CLI11_PARSE(app, argc, argv);
 
   if (!check_file.empty()) {
@@ -46,6 +90,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
     return 2;
   }
+  if (!log_format.empty()) {
+    auto format = strait::ParseLogFormat(log_format);
+    if (!format.ok()) {
+      std::fprintf(stderr, "straitd: --log-format: %s\n", format.status().message().c_str());
+      return 2;
+    }
+    strait::SetLogFormat(*format);
+  } else if (strait::Status s = strait::InitLogFormatFromEnv(); !s.ok()) {
+    std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
+    return 2;
+  }
   auto config = strait::gateway::LoadConfig(config_file);
   if (!config.ok()) {
     std::fprintf(stderr, "config error: %s\n", config.status().message().c_str());
@@ -57,6 +112,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);  // certificate reload, handled in the wait loop below
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -68,8 +124,18 @@ int main(int argc, char** argv) {
   std::printf("straitd ready: %s wan port %u\n", config->Summary().c_str(),
               static_cast<unsigned>((*gateway)->wan_port()));
   std::fflush(stdout);
+  NotifySystemd("READY=1\nSTATUS=serving " + config->Summary());
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  // SIGHUP reloads the TLS identity (certificate rotation) without dropping links; a bad new
+  // file is logged and the old identity stays in use.
+  while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
+    if (strait::Status s = (*gateway)->ReloadIdentity(); !s.ok()) {
+      STRAIT_LOG(kError, "straitd") << "SIGHUP: " << s;
+    } else {
+      STRAIT_LOG(kInfo, "straitd") << "SIGHUP: TLS identity reloaded for new handshakes";
+    }
+  }
+  NotifySystemd("STOPPING=1");
   STRAIT_LOG(kInfo, "straitd") << "signal " << sig << ": shutting down";
   (*gateway)->Shutdown(strait::Deadline::After(config->shutdown_grace_ns));
   STRAIT_LOG(kInfo, "straitd") << "stopped";

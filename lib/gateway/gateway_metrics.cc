@@ -1,0 +1,247 @@
+// straitd's operational surface (gateway_impl.h, "Operations"): the Prometheus metrics it
+// exports, what it records per all-reduce, and the /metrics, /healthz, /readyz HTTP endpoints.
+//
+// Most series are copied in at scrape time from where they already live (link estimates, the
+// endpoint's refusal counters, the gateway's atomic counters), so the request paths pay nothing
+// for them; only per-job series (latency histogram, failures by status code, bytes) are
+// recorded as all-reduces finish.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "gateway/gateway_impl.h"
+#include "strait/types.h"
+
+#ifndef STRAIT_VERSION_STRING
+#define STRAIT_VERSION_STRING "unknown"
+#endif
+#ifndef STRAIT_GIT_DESCRIBE
+#define STRAIT_GIT_DESCRIBE "unknown"
+#endif
+
+namespace strait::gateway {
+namespace {
+
+constexpr const char* kLog = "straitd";
+
+struct FamilySpec {
+  const char* name;
+  MetricType type;
+  const char* help;
+};
+
+// Every family straitd exports (names per Prometheus conventions; README lists them).
+constexpr FamilySpec kFamilies[] = {
+    {"strait_build_info", MetricType::kGauge,
+     "Always 1; the labels say which straitd this is (version, git describe at build time)."},
+    {"strait_peer_up", MetricType::kGauge,
+     "1 when the link to the peer gateway has at least one stream up and its hello arrived."},
+    {"strait_peer_goodput_bytes_per_second", MetricType::kGauge,
+     "Acknowledged payload bytes per second on the link (EWMA while busy; 0 = not measured)."},
+    {"strait_peer_rtt_min_seconds", MetricType::kGauge,
+     "Least round-trip time seen by the link's pings (0 = not measured)."},
+    {"strait_peer_rtt_smoothed_seconds", MetricType::kGauge,
+     "Smoothed round-trip time of the link's pings, queueing behind data included."},
+    {"strait_peer_streams", MetricType::kGauge, "TCP streams of the link that are up."},
+    {"strait_peer_streams_target", MetricType::kGauge,
+     "Streams the link aims for (K, adapted on goodput; dialing side)."},
+    {"strait_peer_tcp_retransmissions_total", MetricType::kCounter,
+     "TCP retransmissions over every stream the link ever had (kernel TCP_INFO)."},
+    {"strait_peer_chunks_resent_total", MetricType::kCounter,
+     "Chunks written again on another stream after their stream died."},
+    {"strait_peer_stream_failures_total", MetricType::kCounter,
+     "Streams of the link that died or could not be dialled."},
+    {"strait_peer_sent_bytes_total", MetricType::kCounter,
+     "Payload bytes written to the link (encoded frames, resends included)."},
+    {"strait_peer_received_bytes_total", MetricType::kCounter,
+     "Payload bytes read from the link (encoded frames, duplicates included)."},
+    {"strait_local_connections_total", MetricType::kCounter,
+     "Local client connections admitted on the Unix socket."},
+    {"strait_errors_total", MetricType::kCounter,
+     "Refusals and bad input by kind: refused_connection (local credentials), bad_request, "
+     "refused_request (job of another uid), and refused WAN peers (tls_handshake, "
+     "unknown_region, identity_mismatch, bad_hello, handshake_timeout)."},
+    {"strait_allreduce_in_flight", MetricType::kGauge, "All-reduces running now."},
+    {"strait_allreduces_total", MetricType::kCounter, "All-reduces completed OK, by job."},
+    {"strait_allreduce_failures_total", MetricType::kCounter,
+     "All-reduces that failed, by job and status code."},
+    {"strait_allreduce_raw_bytes_total", MetricType::kCounter,
+     "Tensor bytes clients handed in for all-reduces completed OK (before encoding)."},
+    {"strait_allreduce_wan_raw_bytes_total", MetricType::kCounter,
+     "Bytes the plain all-reduces completed OK would have sent over the WAN unencoded, by job."},
+    {"strait_allreduce_wan_sent_bytes_total", MetricType::kCounter,
+     "Encoded frame bytes all-reduces completed OK sent to peers, by job."},
+    {"strait_allreduce_wan_received_bytes_total", MetricType::kCounter,
+     "Encoded frame bytes all-reduces completed OK received from peers, by job."},
+    {"strait_compression_ratio", MetricType::kGauge,
+     "strait_allreduce_wan_raw_bytes_total / strait_allreduce_wan_sent_bytes_total of plain "
+     "all-reduces, by job (1 = no compression; absent until a plain all-reduce sent bytes)."},
+};
+
+}  // namespace
+
+void Gateway::Impl::DeclareMetrics() {
+  for (const FamilySpec& f : kFamilies) metrics.Declare(f.name, f.type, f.help);
+  metrics.Declare("strait_allreduce_duration_seconds", MetricType::kHistogram,
+                  "Wall time of all-reduces completed OK (request received to result ready), "
+                  "by job.",
+                  kLatencyBuckets);
+  metrics.Set("strait_build_info",
+              {{"version", STRAIT_VERSION_STRING}, {"git", STRAIT_GIT_DESCRIBE}}, 1);
+}
+
+void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status,
+                                    int64_t elapsed_ns, const collective::AllReduceStats& stats) {
+  const MetricLabels job{{"job", request.job}};
+  if (!status.ok()) {
+    metrics.Add("strait_allreduce_failures_total",
+                {{"job", request.job}, {"code", StatusCodeName(status.code())}}, 1);
+    return;
+  }
+  metrics.Add("strait_allreduces_total", job, 1);
+  metrics.Observe("strait_allreduce_duration_seconds", job, static_cast<double>(elapsed_ns) / 1e9);
+  const double tensor_bytes =
+      static_cast<double>(request.count) * static_cast<double>(DataTypeSize(request.dtype));
+  metrics.Add("strait_allreduce_raw_bytes_total", job, tensor_bytes);
+  metrics.Add("strait_allreduce_wan_sent_bytes_total", job, static_cast<double>(stats.bytes_sent));
+  metrics.Add("strait_allreduce_wan_received_bytes_total", job,
+              static_cast<double>(stats.bytes_received));
+  if (request.type != MessageType::kAllReduce || world.size() < 2) return;
+  // What an unencoded shard all-reduce sends: every shard but its own (S - s), then its own
+  // reduced shard to each of the n - 1 others ((n - 1) s): S + (n - 2) s, s = its share.
+  const std::vector<uint64_t> weights = config.ShardWeights();
+  double share = 1.0 / static_cast<double>(world.size());
+  if (!weights.empty()) {
+    double sum = 0;
+    for (uint64_t w : weights) sum += static_cast<double>(w);
+    share = static_cast<double>(weights[static_cast<size_t>(rank)]) / sum;
+  }
+  const double n = static_cast<double>(world.size());
+  metrics.Add("strait_allreduce_wan_raw_bytes_total", job,
+              tensor_bytes * (1.0 + (n - 2.0) * share));
+  const double sent = metrics.Value("strait_allreduce_wan_sent_bytes_total", job);
+  const double raw = metrics.Value("strait_allreduce_wan_raw_bytes_total", job);
+  if (sent > 0) metrics.Set("strait_compression_ratio", job, raw / sent);
+}
+
+std::string Gateway::Impl::MetricsText() {
+  // Links by peer label: the peer regions' gateways, then this region's other gateways.
+  std::vector<std::pair<std::string, std::shared_ptr<net::Link>>> peer_links;
+  std::vector<bool> hello;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t p = 0; p < world.size(); ++p) {
+      if (static_cast<int>(p) == rank) continue;
+      peer_links.emplace_back(world[p], links[p]);
+      hello.push_back(links[p] != nullptr && transport->PeerIncarnation(static_cast<int>(p)) != 0);
+    }
+    for (size_t i = 0; i < region_links.size(); ++i) {
+      if (static_cast<int>(i) == config.shard_index) continue;
+      peer_links.emplace_back(config.region + "/shard_" + std::to_string(i), region_links[i]);
+      hello.push_back(region_links[i] != nullptr);
+    }
+  }
+  for (const char* name :
+       {"strait_peer_up", "strait_peer_goodput_bytes_per_second", "strait_peer_rtt_min_seconds",
+        "strait_peer_rtt_smoothed_seconds", "strait_peer_streams", "strait_peer_streams_target",
+        "strait_peer_tcp_retransmissions_total", "strait_peer_chunks_resent_total",
+        "strait_peer_stream_failures_total", "strait_peer_sent_bytes_total",
+        "strait_peer_received_bytes_total"}) {
+    metrics.Clear(name);
+  }
+  for (size_t i = 0; i < peer_links.size(); ++i) {
+    const auto& [peer, link] = peer_links[i];
+    const MetricLabels l{{"peer", peer}};
+    if (link == nullptr) {
+      metrics.Set("strait_peer_up", l, 0);
+      continue;
+    }
+    const net::LinkEstimates e = link->Estimates();
+    metrics.Set("strait_peer_up", l, hello[i] && e.streams_up > 0 && !e.unreachable ? 1 : 0);
+    metrics.Set("strait_peer_goodput_bytes_per_second", l, e.goodput_bytes_per_s);
+    metrics.Set("strait_peer_rtt_min_seconds", l, static_cast<double>(e.rtt_min_ns) / 1e9);
+    metrics.Set("strait_peer_rtt_smoothed_seconds", l,
+                static_cast<double>(e.rtt_smoothed_ns) / 1e9);
+    metrics.Set("strait_peer_streams", l, e.streams_up);
+    metrics.Set("strait_peer_streams_target", l, e.streams_target);
+    metrics.Set("strait_peer_tcp_retransmissions_total", l,
+                static_cast<double>(e.tcp_retransmissions));
+    metrics.Set("strait_peer_chunks_resent_total", l, static_cast<double>(e.chunks_resent));
+    metrics.Set("strait_peer_stream_failures_total", l, static_cast<double>(e.stream_failures));
+    metrics.Set("strait_peer_sent_bytes_total", l, static_cast<double>(e.bytes_sent));
+    metrics.Set("strait_peer_received_bytes_total", l, static_cast<double>(e.bytes_received));
+  }
+  metrics.Set("strait_local_connections_total", {}, static_cast<double>(connections.load()));
+  metrics.Set("strait_allreduce_in_flight", {}, in_flight.load());
+  auto error = [&](const char* kind, uint64_t value) {
+    metrics.Set("strait_errors_total", {{"kind", kind}}, static_cast<double>(value));
+  };
+  error("refused_connection", refused_connections.load());
+  error("bad_request", bad_requests.load());
+  error("refused_request", refused_requests.load());
+  if (endpoint != nullptr) {
+    const net::EndpointCounters c = endpoint->Counters();
+    error("tls_handshake", c.tls_handshake_failures);
+    error("unknown_region", c.unknown_region);
+    error("identity_mismatch", c.identity_mismatch);
+    error("bad_hello", c.bad_magic + c.bad_version + c.bad_hello);
+    error("handshake_timeout", c.handshake_timeouts);
+  }
+  return metrics.Text();
+}
+
+HttpResponse Gateway::Impl::Readiness() {
+  std::string missing;
+  auto add = [&](const std::string& what) { missing += (missing.empty() ? "" : "\n") + what; };
+  if (listen_fd < 0 || stopping.load()) add("local socket " + config.local_socket + " not served");
+  std::vector<std::pair<std::string, std::shared_ptr<net::Link>>> peer_links;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t p = 0; p < world.size(); ++p) {
+      if (static_cast<int>(p) == rank) continue;
+      if (links[p] == nullptr || transport->PeerIncarnation(static_cast<int>(p)) == 0) {
+        add("no link to the gateway of region " + world[p] + " (shard " +
+            std::to_string(config.shard_index) + ")");
+      } else {
+        peer_links.emplace_back("region " + world[p], links[p]);
+      }
+    }
+    for (size_t i = 0; i < region_links.size(); ++i) {
+      if (static_cast<int>(i) == config.shard_index) continue;
+      if (region_links[i] == nullptr) {
+        add("no link to gateway shard_" + std::to_string(i) + " of this region");
+      } else {
+        peer_links.emplace_back("gateway shard_" + std::to_string(i) + " of this region",
+                                region_links[i]);
+      }
+    }
+  }
+  for (const auto& [what, link] : peer_links) {
+    const net::LinkEstimates e = link->Estimates();
+    if (e.streams_up == 0 || e.unreachable) add("link to " + what + " has no stream up");
+  }
+  if (missing.empty()) return HttpResponse{200, "ready\n"};
+  return HttpResponse{503, "not ready:\n" + missing + "\n"};
+}
+
+Status Gateway::Impl::StartHttp() {
+  if (!config.metrics_listen) return Status::Ok();
+  auto server = HttpServer::Start(
+      config.metrics_listen->host, config.metrics_listen->port,
+      [this](const std::string& path) -> std::optional<HttpResponse> {
+        if (path == "/metrics") {
+          return HttpResponse{200, MetricsText(), "text/plain; version=0.0.4; charset=utf-8"};
+        }
+        if (path == "/healthz") return HttpResponse{200, "ok\n"};
+        if (path == "/readyz") return Readiness();
+        return std::nullopt;
+      });
+  if (!server.ok()) return server.status().WithContext("metrics.listen");
+  http = std::move(server).value();
+  STRAIT_LOG(kInfo, kLog) << "metrics on http://" << config.metrics_listen->ToString()
+                          << "/metrics (also /healthz, /readyz)";
+  return Status::Ok();
+}
+
+}  // namespace strait::gateway

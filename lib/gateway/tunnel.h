@@ -1,0 +1,248 @@
+// Cross-region point-to-point tunnels in straitd: what carries the NCCL plugin's connections
+// between ranks of different regions. The local side of the protocol (kTunnelListen,
+// kTunnelConnect, kTunnelAccept, kTunnelData, kTunnelClose) is in local_protocol.h; this file holds
+// the WAN side (the tunnel wire format between two gateways), the lossless codec choice for the WAN
+// hop, and TunnelService, the state machine the gateway runs.
+//
+// Route: a rank in region B asks its gateway (shard s) to connect to a listen id of region A; the
+// gateway sends kOpen over its link to region A's gateway of the same shard index, which finds
+// the listen, announces the tunnel to the listening rank and, once that rank accepts, answers
+// kOpenOk. Then both gateways pump kData messages between the link and the two ranks' Unix
+// connections. Everything of one tunnel travels on one link channel (TunnelChannel(id)), so the
+// link's per-channel order keeps open, data and close in order; tunnels hash over
+// kTunnelChannelCount channels so that a big message of one tunnel holds up few others.
+//
+// Wire message (link channel kTunnelChannelBase + id % kTunnelChannelCount), little-endian:
+//   off size field
+//     0    1 version (kTunnelWireVersion = 1)
+//     1    1 kind (TunnelWireKind)
+//     2    1 codec (kData: CodecId of the payload; otherwise 0)
+//     3    1 reserved, 0
+//     4    4 tag (kData: the rank's message tag; otherwise 0)
+//     8    8 tunnel id (chosen by the connecting side's gateway)
+//    16    . by kind:
+//            kOpen         u32 shard the connector addressed, u64 listen id, u64 window
+//            kOpenOk       u64 window
+//            kOpenRefused  u32 StatusCode, u16 length + reason
+//            kClose        u32 StatusCode (kOk: the rank closed), u16 length + reason
+//            kData         u64 raw size, payload (raw bytes, or a codec frame for kZstd)
+//            kCredit       u64 bytes (the receiver wrote that much to its rank; see below)
+//   Enum values are explicit and never renumbered; a gateway refuses a version it does not speak
+//   by closing the tunnel with a reason.
+//
+// Flow control: each side announces a receive window (bytes); the sending gateway reads its
+// rank's next message only while the bytes it sent and the peer has not yet credited back are
+// below the peer's window (every message counts its raw size + kTunnelMessageCost). So a gateway
+// holds at most window + one message per tunnel direction, and a slow reader makes the sending
+// rank block in write instead of making a gateway buffer without limit.
+//
+// Threads: each tunnel pipe uses the Unix connection's own thread to read the rank's frames
+// (encode, send on the link) and one writer thread to deliver the peer's messages (decode, write
+// to the rank, credit back); a listen uses its connection's thread. WAN messages arrive on the
+// endpoint's I/O thread (OnWanMessage), which only queues and never blocks. One supervisor thread
+// expires unaccepted tunnels and closes tunnels whose link failed or was replaced (the peer
+// gateway restarted: its tunnel state is gone). This thread-per-connection model is fine for the
+// tens of connections a node's ranks open; an event loop would replace it for thousands.
+#ifndef STRAIT_LIB_GATEWAY_TUNNEL_H_
+#define STRAIT_LIB_GATEWAY_TUNNEL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gateway/local_protocol.h"
+#include "net/adapt.h"
+#include "net/estimates.h"
+#include "strait/codec.h"
+#include "strait/status.h"
+
+namespace strait::net {
+class Link;
+}  // namespace strait::net
+
+namespace strait::gateway {
+
+inline constexpr uint8_t kTunnelWireVersion = 1;
+inline constexpr size_t kTunnelWireHeaderSize = 16;
+// Link channels reserved for tunnels (the collectives use channel 16).
+inline constexpr uint32_t kTunnelChannelBase = 1024;
+inline constexpr uint32_t kTunnelChannelCount = 256;
+// Bookkeeping cost of one message in the flow-control window, so that empty messages count.
+inline constexpr uint64_t kTunnelMessageCost = 64;
+
+inline uint32_t TunnelChannel(uint64_t tunnel_id) {
+  return kTunnelChannelBase + static_cast<uint32_t>(tunnel_id % kTunnelChannelCount);
+}
+inline bool IsTunnelChannel(uint32_t channel) {
+  return channel >= kTunnelChannelBase && channel < kTunnelChannelBase + kTunnelChannelCount;
+}
+
+enum class TunnelWireKind : uint8_t {
+  kOpen = 1,
+  kOpenOk = 2,
+  kOpenRefused = 3,
+  kData = 4,
+  kClose = 5,
+  kCredit = 6,
+};
+
+// One decoded wire message; only the fields of its kind are meaningful.
+struct TunnelWire {
+  TunnelWireKind kind = TunnelWireKind::kData;
+  uint64_t tunnel_id = 0;
+  // kOpen
+  uint32_t shard = 0;
+  uint64_t listen_id = 0;
+  // kOpen, kOpenOk: the receive window of the side that sends this message.
+  uint64_t window = 0;
+  // kOpenRefused, kClose
+  StatusCode code = StatusCode::kOk;
+  std::string text;
+  // kData
+  CodecId codec = CodecId::kNone;
+  uint32_t tag = 0;
+  uint64_t raw_size = 0;
+  std::vector<uint8_t> payload;
+  // kCredit
+  uint64_t credit = 0;
+};
+
+// Encodes `wire` (texts are cut to kMaxReplyTextBytes). Pure.
+std::vector<uint8_t> EncodeTunnelWire(const TunnelWire& wire);
+// Decodes one wire message: kDataLoss when a field runs past the end, kUnimplemented for another
+// version, kInvalidArgument for an unknown kind or codec, a lossy codec, trailing bytes, a raw
+// payload whose length is not raw size, or a raw size above `max_raw_bytes`. Never reads past
+// `bytes`. Pure.
+StatusOr<TunnelWire> DecodeTunnelWire(std::span<const uint8_t> bytes,
+                                      uint64_t max_raw_bytes = kDefaultMaxMessageBytes);
+
+// The WAN-hop codec of one tunnel direction: raw, or byte-shuffled zstd when net::ChooseCodec
+// says it pays on this link for this size (lossless only: NCCL's bytes must arrive exact).
+// It learns zstd's speed and ratio from its own encodes, probing every kReprobeEvery eligible
+// messages so that a change of data or link is noticed. Not thread-safe (one per tunnel side).
+class TunnelCodec {
+ public:
+  // Messages below this go raw: their latency matters more than their bytes.
+  static constexpr uint64_t kMinCompressBytes = 64 * 1024;
+  static constexpr int kReprobeEvery = 16;
+
+  explicit TunnelCodec(bool zstd_allowed, int zstd_level = 1);
+  // Fills wire->codec, raw_size and payload for `data`, chosen from `link`.
+  void Encode(std::span<const uint8_t> data, const net::LinkEstimates& link, TunnelWire* wire);
+  // Test hook: always use zstd (when allowed) for eligible sizes.
+  void ForceZstdForTest() { force_zstd_ = true; }
+  uint64_t zstd_messages() const { return zstd_messages_; }
+
+  // Restores a kData payload to the rank's bytes. kDataLoss / kInvalidArgument for a frame
+  // that does not decode or whose size differs from raw_size.
+  // Takes the payload out of `wire`.
+  static Status Decode(Decoder& decoder, TunnelWire& wire, std::vector<uint8_t>* out);
+
+ private:
+  bool TryZstd(std::span<const uint8_t> data, TunnelWire* wire);
+
+  bool zstd_allowed_;
+  int zstd_level_;
+  bool force_zstd_ = false;
+  Encoder encoder_;
+  net::CodecProfile zstd_;  // learned; encode speed 0 = not measured yet
+  uint64_t eligible_ = 0;
+  uint64_t zstd_messages_ = 0;
+};
+
+struct TunnelServiceOptions {
+  std::string region;
+  int shard = 0;
+  std::vector<std::string> world;  // region names by rank (the gateway's WorldRegions())
+  bool zstd_allowed = true;        // policy allows lossless zstd on the WAN
+  uint32_t max_message_bytes = kDefaultMaxMessageBytes;
+  uint64_t window_bytes = 16u << 20;
+  int64_t accept_timeout_ns = int64_t{30'000'000'000};
+  int64_t default_open_timeout_ns = int64_t{30'000'000'000};
+  int64_t send_timeout_ns = int64_t{120'000'000'000};
+};
+
+class TunnelService {
+ public:
+  // Returns the current link to the gateway of region rank `peer` (null when none). Called from
+  // connection threads, the supervisor and the I/O thread: it must only take a short lock.
+  using LinkLookup = std::function<std::shared_ptr<net::Link>(int peer)>;
+
+  // `stopping` is the gateway's flag: when it turns true, listens and tunnels end (their ranks
+  // get a reason) within about 100 ms.
+  TunnelService(TunnelServiceOptions options, LinkLookup links, const std::atomic<bool>* stopping);
+  // Stops the supervisor. Connection threads must have returned from Serve first.
+  ~TunnelService();
+  TunnelService(const TunnelService&) = delete;
+  TunnelService& operator=(const TunnelService&) = delete;
+
+  static bool IsTunnelRequest(MessageType type) {
+    return type == MessageType::kTunnelListen || type == MessageType::kTunnelConnect ||
+           type == MessageType::kTunnelAccept;
+  }
+
+  // Serves a listen, connect or accept request on local connection `fd` (after its hello):
+  // writes the replies, then runs the listen or the tunnel until it ends. Blocks the calling
+  // connection thread that long; does not close `fd`. Thread-safe.
+  void Serve(int fd, const Message& request);
+
+  // A tunnel-channel message from the gateway of region rank `peer`. Runs on the I/O thread;
+  // only queues and sends, never blocks. Thread-safe.
+  void OnWanMessage(int peer, uint32_t channel, std::vector<uint8_t> message);
+
+  // Counters, one "name value" per line (part of the gateway's stats).
+  std::string StatsText() const;
+
+  struct State;  // one tunnel
+  struct Listen;
+
+ private:
+  void ServeListen(int fd, uint32_t uid);
+  void ServeConnect(int fd, const Message& request);
+  void ServeAccept(int fd, const Message& request, uint32_t uid);
+  // Runs the open tunnel `t` on `fd` until it ends; `replied` is how writing the rank's
+  // connect/accept reply went.
+  void RunPipe(const std::shared_ptr<State>& t, int fd, const Status& replied);
+  void ReadFromRank(const std::shared_ptr<State>& t, int fd);
+  void WriteToRank(const std::shared_ptr<State>& t, int fd);
+  void Supervise();
+  // Ends `t` from the peer's side (or the link's): the rank gets everything already received,
+  // then kTunnelClose with `why`. A tunnel still opening fails its open with `why`.
+  static void PeerClosed(const std::shared_ptr<State>& t, Status why);
+  void SendWire(const std::shared_ptr<net::Link>& link, const TunnelWire& wire, int64_t timeout_ns,
+                std::function<void(Status)> done = nullptr);
+  uint64_t NewIdLocked();
+  void Forget(uint64_t tunnel_id);
+  std::string RegionName(int peer) const;
+  bool Stopping() const { return stopping_->load(); }
+
+  const TunnelServiceOptions options_;
+  const LinkLookup links_;
+  const std::atomic<bool>* stopping_;
+
+  mutable std::mutex mu_;  // guards the maps and rng_; taken before any tunnel's own mutex
+  std::map<uint64_t, std::shared_ptr<State>> tunnels_;
+  std::map<uint64_t, std::shared_ptr<Listen>> listens_;
+  std::mt19937_64 rng_;
+
+  std::atomic<bool> quit_{false};
+  std::thread supervisor_;
+
+  std::atomic<uint64_t> listens_total_{0}, opened_{0}, refused_{0}, closed_with_error_{0};
+  std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
+  std::atomic<uint64_t> raw_bytes_sent_{0}, wire_bytes_sent_{0}, raw_bytes_received_{0};
+  std::atomic<uint64_t> zstd_messages_{0};
+};
+
+}  // namespace strait::gateway
+
+#endif  // STRAIT_LIB_GATEWAY_TUNNEL_H_

@@ -1,0 +1,224 @@
+// straitd processes over strait-wanem for integration tests (see wan_cluster.h).
+#include "tests/gateway/wan_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "bench/wanem/config.h"
+#include "bench/wanem/netns.h"
+#include "common/clock.h"
+
+extern char** environ;
+
+namespace strait::gateway::testing {
+namespace {
+
+// Fresh namespaces: nothing else listens there, so fixed ports are free.
+constexpr int kPortBase = 7600;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WanCluster>> WanCluster::Start(WanClusterOptions options) {
+  std::unique_ptr<WanCluster> c(new WanCluster(std::move(options)));
+  const WanClusterOptions& o = c->options_;
+  STRAIT_RETURN_IF_ERROR(wanem::CheckPrivileges());
+  char tmpl[] = "/tmp/strait-wan-cluster-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return UnavailableError("mkdtemp failed");
+  c->dir_ = tmpl;
+  // Other uids (isolation tests) must reach the sockets, which are mode 0660 themselves.
+  ::chmod(c->dir_.c_str(), 0755);
+  if (o.tls) {
+    auto pki = net::testing::TestPki::Create();
+    if (!pki.ok()) return pki.status();
+    c->pki_.emplace(std::move(pki).value());
+    STRAIT_RETURN_IF_ERROR(c->pki_->MakeCa("cluster-ca"));
+  }
+  auto table = wanem::BuildLinkTable(o.regions, o.link, o.pair_overrides);
+  if (!table.ok()) return table.status().WithContext("wan cluster links");
+  wanem::EmulatorOptions eo;
+  eo.name = o.name;
+  eo.table = std::move(table).value();
+  auto emulator = wanem::Emulator::Start(std::move(eo));
+  if (!emulator.ok()) return emulator.status().WithContext("strait-wanem");
+  c->emulator_ = std::move(emulator).value();
+  c->pids_.assign(static_cast<size_t>(o.regions * o.ranks_per_region), -1);
+  c->starts_.assign(c->pids_.size(), 0);
+  for (int r = 0; r < o.regions; ++r) {
+    for (int i = 0; i < o.ranks_per_region; ++i) {
+      STRAIT_RETURN_IF_ERROR(c->WriteConfig(r, i));
+      STRAIT_RETURN_IF_ERROR(c->Spawn(r, i));
+    }
+  }
+  for (int r = 0; r < o.regions; ++r) {
+    for (int i = 0; i < o.ranks_per_region; ++i) STRAIT_RETURN_IF_ERROR(c->WaitReady(r, i));
+  }
+  return c;
+}
+
+WanCluster::~WanCluster() {
+  for (pid_t pid : pids_) {
+    if (pid > 0) ::kill(pid, SIGKILL);
+  }
+  for (pid_t pid : pids_) {
+    if (pid > 0) ::waitpid(pid, nullptr, 0);
+  }
+  if (emulator_) emulator_->Stop().IgnoreError();
+  pki_.reset();
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+std::string WanCluster::Socket(int region, int index) const {
+  return dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".sock";
+}
+
+std::string WanCluster::ConfigFile(int region, int index) const {
+  return dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".toml";
+}
+
+std::string WanCluster::Logs(int region, int index) const {
+  const std::string base = dir_ + "/" + RegionName(region) + "_" + std::to_string(index);
+  return "--- stdout\n" + ReadFile(base + ".out") + "--- stderr\n" + ReadFile(base + ".err");
+}
+
+Status WanCluster::WriteConfig(int region, int index) {
+  const WanClusterOptions& o = options_;
+  const auto port = [](int i) { return std::to_string(kPortBase + i); };
+  std::string t =
+      "region = \"" + RegionName(region) + "\"\nshard_index = " + std::to_string(index) + "\n";
+  t += "[local]\nsocket = \"" + Socket(region, index) + "\"\nallowed_uids = [" +
+       std::to_string(::getuid());
+  for (uint32_t uid : o.allowed_uids) t += ", " + std::to_string(uid);
+  t += "]\n";
+  t += "[wan]\nlisten = \"" + wanem::RegionAddress(region) + ":" + port(index) + "\"\n";
+  t += std::string("transport = \"") + (o.tls ? "tls" : "plain") + "\"\n";
+  if (o.tls) {
+    auto files = pki_->MakeGateway("cluster-ca", RegionName(region),
+                                   RegionName(region) + "_" + std::to_string(index));
+    if (!files.ok()) return files.status();
+    t += "[tls]\nca = \"" + files->ca + "\"\ncert = \"" + files->cert + "\"\nkey = \"" +
+         files->key + "\"\n";
+  }
+  for (int p = 0; p < o.regions; ++p) {
+    if (p == region) continue;
+    t += "[peers." + RegionName(p) + "]\nshard_" + std::to_string(index) + " = \"" +
+         wanem::RegionAddress(p) + ":" + port(index) + "\"\n";
+  }
+  t += "[link]\nstreams = 2\nunreachable_after = \"10s\"\n";
+  t += "[policy]\n" + o.policy;
+  t += "[allreduce]\ndeadline = \"" + o.allreduce_deadline + "\"\nshutdown_grace = \"2s\"\n";
+  if (!o.shard_weights.empty()) {
+    t += "shard_weights = {";
+    for (int p = 0; p < o.regions; ++p) {
+      t += std::string(p ? ", " : " ") + RegionName(p) + " = " +
+           std::to_string(o.shard_weights[static_cast<size_t>(p)]);
+    }
+    t += " }\n";
+  }
+  std::ofstream out(ConfigFile(region, index));
+  out << t;
+  if (!out.good()) return UnavailableError("cannot write " + ConfigFile(region, index));
+  return Status::Ok();
+}
+
+Status WanCluster::Spawn(int region, int index) {
+  const std::string base = dir_ + "/" + RegionName(region) + "_" + std::to_string(index);
+  std::vector<std::string> argv = {"ip",
+                                   "netns",
+                                   "exec",
+                                   emulator_->NamespaceOf(region),
+                                   options_.straitd,
+                                   "--config",
+                                   ConfigFile(region, index)};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (base + ".out").c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (base + ".err").c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return UnavailableError("cannot start straitd: " + std::string(std::strerror(rc)));
+  pids_[Slot(region, index)] = pid;
+  ++starts_[Slot(region, index)];
+  return Status::Ok();
+}
+
+Status WanCluster::WaitReady(int region, int index) {
+  const std::string out = dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".out";
+  // Each start appends one ready line: wait for as many as this daemon was started.
+  const Deadline deadline = Deadline::AfterSeconds(30);
+  pid_t& pid = pids_[Slot(region, index)];
+  for (;;) {
+    const std::string text = ReadFile(out);
+    size_t lines = 0;
+    for (size_t at = text.find("straitd ready"); at != std::string::npos;
+         at = text.find("straitd ready", at + 1)) {
+      ++lines;
+    }
+    if (lines >= starts_[Slot(region, index)]) return Status::Ok();
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      pid = -1;
+      return UnavailableError("straitd " + RegionName(region) + "." + std::to_string(index) +
+                              " exited:\n" + Logs(region, index));
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError("straitd " + RegionName(region) + "." + std::to_string(index) +
+                                   " not ready in 30 s:\n" + Logs(region, index));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+bool WanCluster::Running(int region, int index) {
+  pid_t& pid = pids_[Slot(region, index)];
+  if (pid <= 0) return false;
+  int status = 0;
+  if (::waitpid(pid, &status, WNOHANG) == pid) {
+    pid = -1;
+    return false;
+  }
+  return true;
+}
+
+void WanCluster::Kill(int region, int index) {
+  pid_t& pid = pids_[Slot(region, index)];
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  pid = -1;
+}
+
+Status WanCluster::Restart(int region, int index) {
+  Kill(region, index);
+  STRAIT_RETURN_IF_ERROR(Spawn(region, index));
+  return WaitReady(region, index);
+}
+
+}  // namespace strait::gateway::testing

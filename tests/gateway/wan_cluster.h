@@ -1,0 +1,93 @@
+// A test cluster of real straitd processes over strait-wanem, for integration tests of the
+// gateway: `regions` network namespaces joined by emulated WAN links, and in region r one straitd
+// per rank index i (shard_index = i), so that the daemons of one index form one cross-region mesh
+// (the layout `strait-bench allreduce` uses). Clients in the test process talk to any daemon
+// through its Unix socket (a path: reachable from every namespace).
+//
+// Usage:
+//   WanClusterOptions o;
+//   o.straitd = STRAITD_PATH;
+//   auto cluster = WanCluster::Start(o);        // needs root: check wanem::CheckPrivileges()
+//   auto client = Client::Connect((*cluster)->Socket(r, i), Deadline::AfterSeconds(10));
+// The destructor kills every daemon, stops the emulator (removing its namespaces) and deletes
+// the working directory. Not thread-safe; Start blocks until every daemon said it is ready.
+#ifndef STRAIT_TESTS_GATEWAY_WAN_CLUSTER_H_
+#define STRAIT_TESTS_GATEWAY_WAN_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/wanem/emulator.h"
+#include "strait/status.h"
+#include "tests/net/test_certs.h"
+
+namespace strait::gateway::testing {
+
+struct WanClusterOptions {
+  std::string straitd;          // the straitd binary
+  std::string name = "gwtest";  // the emulator instance (1-16 of [a-z0-9_]); unique per test
+  int regions = 3;
+  int ranks_per_region = 2;
+  // strait-wanem link spec for every directed pair, then "SELECTOR=SPEC" overrides (see
+  // bench/wanem/config.h), e.g. {"0>1=rate=200mbit", "0>2=rate=200mbit"}.
+  std::string link = "100mbit,5ms";
+  std::vector<std::string> pair_overrides;
+  bool tls = true;  // mutual TLS with a throwaway CA, as in production; else plain TCP
+  // allowed_uids of every daemon (the test's own uid is always added).
+  std::vector<uint32_t> allowed_uids;
+  // allreduce.shard_weights per region (empty: none, equal shards).
+  std::vector<uint64_t> shard_weights;
+  // The [policy] section's body (without the header).
+  std::string policy =
+      "allowed_codecs = [\"none\", \"zstd\", \"int8\", \"int4\", \"fp8\"]\n"
+      "max_relative_error = 1.0\nmin_lossy_bytes = \"0B\"\n";
+  std::string allreduce_deadline = "20s";
+};
+
+class WanCluster {
+ public:
+  static StatusOr<std::unique_ptr<WanCluster>> Start(WanClusterOptions options);
+  ~WanCluster();
+  WanCluster(const WanCluster&) = delete;
+  WanCluster& operator=(const WanCluster&) = delete;
+
+  const WanClusterOptions& options() const { return options_; }
+  // The working directory (mode 0755 so that other uids can reach the sockets).
+  const std::string& dir() const { return dir_; }
+  static std::string RegionName(int region) { return "r" + std::to_string(region); }
+  std::string Socket(int region, int index) const;
+  std::string ConfigFile(int region, int index) const;
+  // The daemon's stdout + stderr so far (for failure messages).
+  std::string Logs(int region, int index) const;
+  // Whether the daemon is still running (false once it exited).
+  bool Running(int region, int index);
+
+  // SIGKILL / restart (same config) of one daemon; Restart waits for its ready line.
+  void Kill(int region, int index);
+  Status Restart(int region, int index);
+
+ private:
+  explicit WanCluster(WanClusterOptions options) : options_(std::move(options)) {}
+  Status WriteConfig(int region, int index);
+  Status Spawn(int region, int index);
+  Status WaitReady(int region, int index);
+  size_t Slot(int region, int index) const {
+    return static_cast<size_t>(region * options_.ranks_per_region + index);
+  }
+
+  WanClusterOptions options_;
+  std::string dir_;
+  std::unique_ptr<wanem::Emulator> emulator_;
+  std::optional<net::testing::TestPki> pki_;
+  std::vector<pid_t> pids_;
+  std::vector<size_t> starts_;  // per daemon: how many times it was started (ready lines)
+};
+
+}  // namespace strait::gateway::testing
+
+#endif  // STRAIT_TESTS_GATEWAY_WAN_CLUSTER_H_
