@@ -1,0 +1,185 @@
+// Encoding and validation of the listen handle and the connection wire messages.
+#include "plugins/nccl/handle.h"
+
+#include <cstring>
+
+namespace strait::nccl {
+namespace {
+
+constexpr size_t kChecksumOffset = 100;
+
+void Put16(unsigned char* p, uint16_t v) {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+}
+void Put32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void Put64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint16_t Get16(const unsigned char* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+uint32_t Get32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t Get64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+uint32_t Fnv1a(const unsigned char* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 16777619u;
+  }
+  return h;
+}
+
+}  // namespace
+
+Status EncodeHandle(const ListenHandle& h, void* out) {
+  if (h.region.size() > 63) return InvalidArgumentError("region name longer than 63 bytes");
+  unsigned char* p = static_cast<unsigned char*>(out);
+  std::memset(p, 0, kHandleSize);
+  Put32(p, kHandleMagic);
+  Put16(p + 4, kHandleVersion);
+  p[7] = static_cast<unsigned char>(h.region.size());
+  Put64(p + 8, h.nonce);
+  if (h.addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&h.addr);
+    p[6] = 4;
+    std::memcpy(p + 16, &a->sin_addr, 4);
+    Put16(p + 32, ntohs(a->sin_port));
+  } else if (h.addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&h.addr);
+    p[6] = 6;
+    std::memcpy(p + 16, &a->sin6_addr, 16);
+    Put16(p + 32, ntohs(a->sin6_port));
+  } else {
+    return InvalidArgumentError("listen address is neither IPv4 nor IPv6");
+  }
+  std::memcpy(p + 36, h.region.data(), h.region.size());
+  Put32(p + kChecksumOffset, Fnv1a(p, kChecksumOffset));
+  return Status::Ok();
+}
+
+StatusOr<ListenHandle> DecodeHandle(const void* in) {
+  const unsigned char* p = static_cast<const unsigned char*>(in);
+  constexpr const char* kWhat =
+      "; the handle did not come from a Strait listen() (another plugin's, or corrupted in "
+      "transit): make every rank load the same NCCL_NET_PLUGIN";
+  if (Get32(p) != kHandleMagic)
+    return InvalidArgumentError("listen handle has a bad magic" + std::string(kWhat));
+  const uint16_t version = Get16(p + 4);
+  if (version != kHandleVersion) {
+    return InvalidArgumentError("listen handle has version " + std::to_string(version) +
+                                ", this plugin reads version " + std::to_string(kHandleVersion) +
+                                ": run the same libnccl-net-strait.so version on every rank");
+  }
+  if (Get32(p + kChecksumOffset) != Fnv1a(p, kChecksumOffset)) {
+    return InvalidArgumentError("listen handle checksum mismatch" + std::string(kWhat));
+  }
+  ListenHandle h;
+  const unsigned region_len = p[7];
+  if (region_len > 63)
+    return InvalidArgumentError("listen handle region length > 63" + std::string(kWhat));
+  h.nonce = Get64(p + 8);
+  const uint16_t port = Get16(p + 32);
+  if (port == 0) return InvalidArgumentError("listen handle has port 0" + std::string(kWhat));
+  if (p[6] == 4) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&h.addr);
+    a->sin_family = AF_INET;
+    std::memcpy(&a->sin_addr, p + 16, 4);
+    a->sin_port = htons(port);
+  } else if (p[6] == 6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&h.addr);
+    a->sin6_family = AF_INET6;
+    std::memcpy(&a->sin6_addr, p + 16, 16);
+    a->sin6_port = htons(port);
+  } else {
+    return InvalidArgumentError("listen handle has an unknown address family" + std::string(kWhat));
+  }
+  h.region.assign(reinterpret_cast<const char*>(p + 36), region_len);
+  return h;
+}
+
+uint64_t ReadScratch(const void* handle) {
+  return Get64(static_cast<const unsigned char*>(handle) + kHandleScratchOffset);
+}
+void WriteScratch(void* handle, uint64_t value) {
+  Put64(static_cast<unsigned char*>(handle) + kHandleScratchOffset, value);
+}
+
+void EncodeHello(const Hello& h, unsigned char out[kHelloSize]) {
+  std::memset(out, 0, kHelloSize);
+  Put32(out, kHelloMagic);
+  Put16(out + 4, kWireVersion);
+  Put16(out + 6, h.socket_index);
+  Put16(out + 8, h.socket_count);
+  Put64(out + 16, h.nonce);
+  Put64(out + 24, h.connection_id);
+}
+
+StatusOr<Hello> DecodeHello(const unsigned char in[kHelloSize], ReplyStatus* why) {
+  if (Get32(in) != kHelloMagic) {
+    *why = ReplyStatus::kBadHello;
+    return InvalidArgumentError("connection hello has a bad magic (not a Strait plugin peer)");
+  }
+  if (Get16(in + 4) != kWireVersion) {
+    *why = ReplyStatus::kUnsupportedVersion;
+    return InvalidArgumentError("connection hello has unsupported version " +
+                                std::to_string(Get16(in + 4)));
+  }
+  Hello h;
+  h.socket_index = Get16(in + 6);
+  h.socket_count = Get16(in + 8);
+  h.nonce = Get64(in + 16);
+  h.connection_id = Get64(in + 24);
+  if (h.socket_count == 0 || h.socket_count > 16 || h.socket_index >= h.socket_count) {
+    *why = ReplyStatus::kBadHello;
+    return InvalidArgumentError("connection hello has socket " + std::to_string(h.socket_index) +
+                                " of " + std::to_string(h.socket_count));
+  }
+  return h;
+}
+
+void EncodeReply(ReplyStatus status, unsigned char out[kReplySize]) {
+  Put32(out, kReplyMagic);
+  Put32(out + 4, static_cast<uint32_t>(status));
+}
+
+StatusOr<ReplyStatus> DecodeReply(const unsigned char in[kReplySize]) {
+  if (Get32(in) != kReplyMagic) {
+    return UnavailableError("the listener answered with a bad magic (not a Strait plugin)");
+  }
+  const uint32_t s = Get32(in + 4);
+  if (s > 3)
+    return UnavailableError("the listener answered with unknown status " + std::to_string(s));
+  return static_cast<ReplyStatus>(s);
+}
+
+void EncodeChunkHeader(const ChunkHeader& h, unsigned char out[kChunkHeaderSize]) {
+  Put64(out, h.seq);
+  Put64(out + 8, h.message_size);
+  Put64(out + 16, h.offset);
+  Put32(out + 24, h.length);
+  Put32(out + 28, static_cast<uint32_t>(h.tag));
+}
+
+ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]) {
+  ChunkHeader h;
+  h.seq = Get64(in);
+  h.message_size = Get64(in + 8);
+  h.offset = Get64(in + 16);
+  h.length = Get32(in + 24);
+  h.tag = static_cast<int32_t>(Get32(in + 28));
+  return h;
+}
+
+}  // namespace strait::nccl

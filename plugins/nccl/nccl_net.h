@@ -1,0 +1,289 @@
+// The NCCL net-plugin ABI as this plugin sees it: our own declarations of the types, constants and
+// function tables NCCL 2.28 loads (net v8 to v11), written from the facts in the project's ABI
+// notes rather than copied from NCCL's headers, so the plugin builds without NCCL or CUDA.
+//
+// Every struct here is laid out exactly like NCCL's; the static_asserts at the bottom (and the
+// field-offset checks in tests/plugins/nccl_net_abi_test.cc) make a layout slip a build failure
+// instead of a corrupted training job. Only plain C types appear: NCCL calls these through
+// function pointers from C.
+#ifndef STRAIT_PLUGINS_NCCL_NCCL_NET_H_
+#define STRAIT_PLUGINS_NCCL_NCCL_NET_H_
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+// Result codes (ncclResult_t). Values are NCCL's and never change.
+typedef enum {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
+} ncclResult_t;
+
+// Logger levels and the subsystem flag for network messages.
+typedef enum {
+  NCCL_LOG_NONE = 0,
+  NCCL_LOG_VERSION = 1,
+  NCCL_LOG_WARN = 2,
+  NCCL_LOG_INFO = 3,
+  NCCL_LOG_ABORT = 4,
+  NCCL_LOG_TRACE = 5,
+} ncclDebugLogLevel;
+constexpr unsigned long kNcclSubsysInit = 0x1;
+constexpr unsigned long kNcclSubsysNet = 0x10;
+
+typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file,
+                                  int line, const char* fmt, ...);
+// Profiler callback (v10+): accepted and ignored; the plugin emits no profiler events yet.
+typedef ncclResult_t (*ncclProfilerCallback_t)(void** event_handle, int type, void* phandle,
+                                               int64_t plugin_id, void* extra);
+
+constexpr int kNcclNetHandleMaxSize = 128;
+constexpr int kNcclPtrHost = 0x1;
+constexpr int kNcclPtrCuda = 0x2;
+constexpr int kNcclPtrDmabuf = 0x4;
+constexpr int kNcclNetMaxRequests = 32;
+constexpr int kNcclNetMaxDevsPerNic = 4;
+
+typedef enum {
+  NCCL_NET_DEVICE_HOST = 0,
+  NCCL_NET_DEVICE_UNPACK = 1,
+  NCCL_NET_DEVICE_GIN_PROXY = 2,
+  NCCL_NET_DEVICE_GIN_GDAKI = 3,
+} ncclNetDeviceType;
+constexpr int kNcclNetDeviceInvalidVersion = 0;
+
+// Device-offload handle (identical in v8..v11). A host-only plugin never fills one.
+typedef struct {
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  void* handle;
+  size_t size;
+  int needsProxyProgress;
+} ncclNetDeviceHandle_t;
+
+typedef struct {
+  int ndevs;
+  int devs[kNcclNetMaxDevsPerNic];
+} ncclNetVDeviceProps_t;  // v9, v10 and v11 share this layout
+
+typedef struct {
+  int trafficClass;     // -1: undefined
+} ncclNetCommConfig_t;  // v10 and v11
+
+typedef struct {
+  int32_t maxConcurrentPeers;
+  int32_t minConcurrentPeers;
+  int32_t maxFlowsPerPeer;
+  int32_t minFlowsPerPeer;
+} ncclNetCommAttr_v11_t;
+
+typedef struct {
+  ncclNetCommAttr_v11_t sendCommAttr;
+  ncclNetCommAttr_v11_t recvCommAttr;
+  uint32_t op;
+  uint32_t algo;
+  uint32_t proto;
+} ncclNetAttr_v11_t;
+
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;  // Mbit/s
+  int port;
+  float latency;  // microseconds, added to NCCL's inter-node latency model
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+  int maxMultiRequestSize;
+} ncclNetProperties_v11_t;
+
+// v9 and v10: v11 without maxMultiRequestSize.
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+} ncclNetProperties_v10_t;
+typedef ncclNetProperties_v10_t ncclNetProperties_v9_t;
+
+// v8: no forceFlush, vProps, maxP2pBytes or maxCollBytes.
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+} ncclNetProperties_v8_t;
+
+// Function tables. Blocking notes (ours): init, devices, getProperties and listen return at once;
+// connect and accept never block (success with a NULL comm means "call again"); isend, irecv and
+// test never block (a NULL request means "retry later"); the close calls wait only until the I/O
+// thread has stopped touching that comm's buffers (microseconds); finalize joins the I/O thread
+// when the last context goes.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_t* config,
+                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v11_t* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_t* props);
+  ncclResult_t (*finalize)(void* ctx);
+  ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v11_t* netAttr);
+} ncclNet_v11_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v10_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, ncclNetCommConfig_t* config, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_t* props);
+} ncclNet_v10_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v9_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_t* props);
+} ncclNet_v9_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
+                        void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+} ncclNet_v8_t;
+
+}  // extern "C"
+
+// Layout checks against NCCL 2.28.9 on LP64 (x86-64, aarch64). Offsets are checked field by field
+// in the ABI test; sizes here so that every translation unit that includes this file checks them.
+static_assert(sizeof(void*) == 8, "the plugin ABI declarations assume an LP64 target");
+static_assert(sizeof(ncclResult_t) == 4 && sizeof(ncclNetDeviceType) == 4);
+static_assert(sizeof(ncclNetDeviceHandle_t) == 32);
+static_assert(sizeof(ncclNetVDeviceProps_t) == 20);
+static_assert(sizeof(ncclNetCommConfig_t) == 4);
+static_assert(sizeof(ncclNetAttr_v11_t) == 44);
+static_assert(sizeof(ncclNetProperties_v11_t) == 112);
+static_assert(sizeof(ncclNetProperties_v10_t) == 104);
+static_assert(sizeof(ncclNetProperties_v8_t) == 64);
+static_assert(sizeof(ncclNet_v11_t) == 22 * sizeof(void*));
+static_assert(sizeof(ncclNet_v10_t) == 20 * sizeof(void*));
+static_assert(sizeof(ncclNet_v9_t) == 20 * sizeof(void*));
+static_assert(sizeof(ncclNet_v8_t) == 19 * sizeof(void*));
+
+#endif  // STRAIT_PLUGINS_NCCL_NCCL_NET_H_
