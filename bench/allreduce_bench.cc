@@ -17,12 +17,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -53,13 +55,18 @@ struct Flags {
   int regions = 3;
   int ranks_per_region = 2;
   uint64_t size = uint64_t{64} << 20;
-  std::string codec = "int8";
+  std::string codec = "int8";  // a list: one mesh row per codec (and shard mode)
   std::string link = "100mbit,20ms";
+  std::vector<std::string> pairs;   // strait-wanem --pair overrides
+  std::string shards = "weighted";  // a list of "weighted", "balanced", "even"
+  std::string transport = "auto";   // auto (tls when emulated), tls, plain
   int iters = 5;
   int warmup = 1;
   std::string baseline = "none";
   bool loopback = false;
   int streams = 4;
+  bool adapt_streams = true;
+  std::string cc;  // straitd's link.congestion_control; empty: the namespace's default
   std::string straitd;
   double timeout_s = 600;
   // Hidden: rank mode.
@@ -68,6 +75,7 @@ struct Flags {
   int rank_index = 0;
   std::string socket;
   std::string ring_addrs;
+  std::string job = kJob;
 };
 
 // Set by SIGINT/SIGTERM in the orchestrator: its waits give up, and Cluster's destructor stops
@@ -178,11 +186,22 @@ void Emit(const std::string& line) {
   std::fflush(stdout);
 }
 
-uint64_t BytesSent(const std::string& stats) {
-  const size_t at = stats.find("bytes_sent ");
-  if (at == std::string::npos) return 0;
-  return std::strtoull(stats.c_str() + at + 11, nullptr, 10);
+// The value of line "<key> <value>" in straitd's stats text; 0 when absent.
+uint64_t StatValue(const std::string& stats, const std::string& key) {
+  const std::string needle = key + " ";
+  size_t at = 0;
+  while ((at = stats.find(needle, at)) != std::string::npos) {
+    if (at == 0 || stats[at - 1] == '\n') {
+      return std::strtoull(stats.c_str() + at + needle.size(), nullptr, 10);
+    }
+    at += needle.size();
+  }
+  return 0;
 }
+
+// straitd's time counters (see gateway_impl.h) that the report splits an iteration into.
+constexpr const char* kTimeKeys[] = {"handle_ns", "allreduce_ns", "encode_ns",  "reduce_ns",
+                                     "decode_ns", "wait_ns",      "ack_wait_ns"};
 
 // --- Rank mode: mesh (through the rank's own straitd) -----------------------------------------
 
@@ -199,7 +218,7 @@ int RunMeshRank(const Flags& f) {
     std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << client.status() << '\n';
     return kExitFailure;
   }
-  StatusOr<std::string> policy = (*client)->RegisterJob(kJob, f.codec, Deadline::AfterSeconds(10));
+  StatusOr<std::string> policy = (*client)->RegisterJob(f.job, f.codec, Deadline::AfterSeconds(10));
   if (!policy.ok()) {
     std::cerr << "rank " << f.rank_region << ": register: " << policy.status() << '\n';
     return kExitFailure;
@@ -213,16 +232,18 @@ int RunMeshRank(const Flags& f) {
     std::copy(full.begin() + static_cast<ptrdiff_t>(begin),
               full.begin() + static_cast<ptrdiff_t>(end), input.begin());
   }
-  Json times = Json::array();
+  Json times = Json::array(), starts = Json::array();
   uint64_t sent_before = 0;
+  std::string stats_before;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     if (it == f.warmup) {
       StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
-      sent_before = stats.ok() ? BytesSent(*stats) : 0;
+      sent_before = stats.ok() ? StatValue(*stats, "bytes_sent") : 0;
+      if (stats.ok()) stats_before = *stats;
     }
     data = input;
     const int64_t t0 = MonotonicNanos();
-    Status s = (*client)->AllReduce(kJob, "grad", DataType::kFloat32, ReduceOp::kSum, data.data(),
+    Status s = (*client)->AllReduce(f.job, "grad", DataType::kFloat32, ReduceOp::kSum, data.data(),
                                     data.size(), Deadline::AfterSeconds(f.timeout_s));
     const int64_t t1 = MonotonicNanos();
     if (!s.ok()) {
@@ -230,11 +251,20 @@ int RunMeshRank(const Flags& f) {
                 << s << '\n';
       return kExitFailure;
     }
-    if (it >= f.warmup) times.push_back(t1 - t0);
+    if (it >= f.warmup) {
+      times.push_back(t1 - t0);
+      starts.push_back(t0);
+    }
     Emit("progress " + std::to_string(it + 1));
   }
   StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
-  const uint64_t sent = stats.ok() ? BytesSent(*stats) - sent_before : 0;
+  const uint64_t sent = stats.ok() ? StatValue(*stats, "bytes_sent") - sent_before : 0;
+  Json gateway_ns;  // per measured iteration, this rank's gateway
+  for (const char* key : kTimeKeys) {
+    const uint64_t after = stats.ok() ? StatValue(*stats, key) : 0;
+    const uint64_t before = StatValue(stats_before, key);
+    gateway_ns[key] = after >= before ? (after - before) / static_cast<uint64_t>(f.iters) : 0;
+  }
   const Check c =
       CheckAgainstReference(data.data(), count, begin, end, f.regions, LossyLevels(*policy));
   Json out;
@@ -242,7 +272,9 @@ int RunMeshRank(const Flags& f) {
   out["rank"] = f.rank_index;
   out["policy"] = *policy;
   out["times_ns"] = times;
+  out["starts_ns"] = starts;  // CLOCK_MONOTONIC: one clock for every process on the machine
   out["wan_bytes_sent"] = sent;
+  out["gateway_ns"] = gateway_ns;
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
   out["hash"] = Hex(Fnv1a(data.data(), data.size() * 4));
@@ -372,7 +404,7 @@ int RunRingRank(const Flags& f) {
     std::copy(full.begin() + static_cast<ptrdiff_t>(b), full.begin() + static_cast<ptrdiff_t>(e),
               input.begin() + static_cast<ptrdiff_t>(b));
   }
-  Json times = Json::array();
+  Json times = Json::array(), starts = Json::array();
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     data = input;
     const int64_t t0 = MonotonicNanos();
@@ -381,7 +413,10 @@ int RunRingRank(const Flags& f) {
       return kExitFailure;
     }
     const int64_t t1 = MonotonicNanos();
-    if (it >= f.warmup) times.push_back(t1 - t0);
+    if (it >= f.warmup) {
+      times.push_back(t1 - t0);
+      starts.push_back(t0);
+    }
     Emit("progress " + std::to_string(it + 1));
   }
   ::close(fds->first);
@@ -392,6 +427,7 @@ int RunRingRank(const Flags& f) {
   out["rank"] = f.rank_index;
   out["policy"] = "none (flat ring, plain TCP)";
   out["times_ns"] = times;
+  out["starts_ns"] = starts;
   out["wan_bytes_sent"] = 0;
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
@@ -474,8 +510,13 @@ struct Cluster {
   std::string dir;
   std::unique_ptr<wanem::Emulator> emulator;
   std::vector<Proc> daemons;
+  // Bumped each time the gateways are (re)started, so that a new set never reuses the sockets
+  // and ports of the previous one (closed listeners may linger in TIME_WAIT).
+  int generation = 0;
+  std::vector<uint64_t> weights;  // the shard weights the running gateways were given
+  wanem::LinkTable table;         // what the emulator applies
 
-  ~Cluster() {
+  void StopDaemons() {
     for (Proc& d : daemons) {
       if (d.pid > 0) ::kill(d.pid, SIGTERM);
     }
@@ -492,6 +533,11 @@ struct Cluster {
         ::waitpid(d.pid, &status, 0);
       }
     }
+    daemons.clear();
+  }
+
+  ~Cluster() {
+    StopDaemons();
     if (emulator) emulator->Stop().IgnoreError();
     if (!dir.empty()) {
       std::error_code ec;
@@ -502,6 +548,7 @@ struct Cluster {
 
 struct Setup {
   bool emulated = false;
+  bool tls = false;
   std::string why_loopback;
   wanem::LinkTable table;
 };
@@ -517,32 +564,97 @@ std::string Addr(const Setup& s, int region) {
   return s.emulated ? wanem::RegionAddress(region) : "127.0.0.1";
 }
 
-Status StartGateways(const Flags& f, const Setup& s, Cluster& c) {
+std::string RegionName(int region) {
+  return "r" + std::to_string(region);
+}
+
+// Runs a shell command quietly; paths in it come from mkdtemp and fixed names only.
+Status Sh(const std::string& command) {
+  const std::string full = command + " >/dev/null 2>&1";
+  if (std::system(full.c_str()) != 0) {
+    return UnavailableError("command failed: " + command +
+                            " (TLS needs the openssl command-line tool; or use --transport plain)");
+  }
+  return Status::Ok();
+}
+
+// A throwaway CA and one certificate per region (SAN URI strait://region/r<i>, as straitd
+// requires), made with the openssl CLI the way tests/net/test_certs.cc and link_vs_iperf.sh do.
+Status MakeCertificates(const std::string& dir, int regions) {
+  const std::string ca = dir + "/ca";
+  STRAIT_RETURN_IF_ERROR(
+      Sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + ca +
+         ".key -out " + ca + ".pem -days 2 -subj /CN=strait-bench-ca"));
+  for (int r = 0; r < regions; ++r) {
+    const std::string base = dir + "/" + RegionName(r);
+    std::ofstream(base + ".ext") << "subjectAltName=URI:strait://region/" << RegionName(r)
+                                 << "\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
+                                    "extendedKeyUsage=serverAuth,clientAuth\n";
+    STRAIT_RETURN_IF_ERROR(
+        Sh("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + base +
+           ".key -out " + base + ".csr -subj /CN=" + RegionName(r)));
+    STRAIT_RETURN_IF_ERROR(Sh("openssl x509 -req -in " + base + ".csr -CA " + ca + ".pem -CAkey " +
+                              ca + ".key -set_serial " + std::to_string(1000 + r) +
+                              " -days 2 -out " + base + ".pem -extfile " + base + ".ext"));
+  }
+  return Status::Ok();
+}
+
+std::string SocketPath(const Cluster& c, int region, int index) {
+  return c.dir + "/g" + std::to_string(c.generation) + "_" + std::to_string(region) + "_" +
+         std::to_string(index) + ".sock";
+}
+
+// Starts one straitd per (region, rank index) with `weights` as allreduce.shard_weights (none
+// when empty: equal shards), after stopping any running set.
+Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>& weights,
+                     Cluster& c) {
+  c.StopDaemons();
+  ++c.generation;
+  c.weights = weights;
   const int n = f.regions, k = f.ranks_per_region;
   const std::vector<uint16_t> free_ports =
       s.emulated ? std::vector<uint16_t>{} : FreeLoopbackPorts(n * k);
+  // Fresh namespaces: nothing else listens there, but each generation takes new ports.
   auto port = [&](int r, int i) {
-    return s.emulated ? kGatewayPortBase + i : free_ports[static_cast<size_t>(r * k + i)];
+    return s.emulated ? kGatewayPortBase + 16 * c.generation + i
+                      : free_ports[static_cast<size_t>(r * k + i)];
   };
   const std::string straitd = FindStraitd(f.straitd);
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < k; ++i) {
-      const std::string base = c.dir + "/g" + std::to_string(r) + "_" + std::to_string(i);
+      const std::string base = c.dir + "/g" + std::to_string(c.generation) + "_" +
+                               std::to_string(r) + "_" + std::to_string(i);
       std::string t =
-          "region = \"r" + std::to_string(r) + "\"\nshard_index = " + std::to_string(i) + "\n";
-      t += "[local]\nsocket = \"" + base + ".sock\"\nallowed_uids = [" +
+          "region = \"" + RegionName(r) + "\"\nshard_index = " + std::to_string(i) + "\n";
+      t += "[local]\nsocket = \"" + SocketPath(c, r, i) + "\"\nallowed_uids = [" +
            std::to_string(::getuid()) + "]\n";
       t += "[wan]\nlisten = \"" + Addr(s, r) + ":" + std::to_string(port(r, i)) +
-           "\"\ntransport = \"plain\"\n";
+           "\"\ntransport = \"" + (s.tls ? "tls" : "plain") + "\"\n";
+      if (s.tls) {
+        const std::string cert = c.dir + "/" + RegionName(r);
+        t += "[tls]\nca = \"" + c.dir + "/ca.pem\"\ncert = \"" + cert + ".pem\"\nkey = \"" + cert +
+             ".key\"\n";
+      }
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
-        t += "[peers.r" + std::to_string(p) + "]\nshard_" + std::to_string(i) + " = \"" +
-             Addr(s, p) + ":" + std::to_string(port(p, i)) + "\"\n";
+        t += "[peers." + RegionName(p) + "]\nshard_" + std::to_string(i) + " = \"" + Addr(s, p) +
+             ":" + std::to_string(port(p, i)) + "\"\n";
       }
-      t += "[link]\nstreams = " + std::to_string(f.streams) + "\n";
+      t += "[link]\nstreams = " + std::to_string(f.streams) +
+           "\nadapt_streams = " + (f.adapt_streams ? "true" : "false") + "\n";
+      if (!f.cc.empty()) t += "congestion_control = \"" + f.cc + "\"\n";
       t += "[policy]\nmin_lossy_bytes = \"4KiB\"\nmax_relative_error = 1.0\n";
       const long secs = std::lround(f.timeout_s);
       t += "[allreduce]\ndeadline = \"" + std::to_string(secs) + "s\"\nshutdown_grace = \"2s\"\n";
+      if (!weights.empty()) {
+        t += "shard_weights = {";
+        for (int p = 0; p < n; ++p) {
+          t += std::string(p ? ", " : " ") + RegionName(p) + " = " +
+               std::to_string(weights[static_cast<size_t>(p)]);
+        }
+        t += " }\n";
+      }
       std::ofstream(base + ".toml") << t;
       Proc d{-1, "straitd r" + std::to_string(r) + "." + std::to_string(i), base + ".out",
              base + ".err"};
@@ -570,53 +682,289 @@ Status StartGateways(const Flags& f, const Setup& s, Cluster& c) {
   return Status::Ok();
 }
 
+// The rate of a directed pair in bit/s; "unlimited" (0) counts as 100 Gbit/s.
+double RateBps(const wanem::LinkTable& t, int src, int dst) {
+  const uint64_t r = t.at(src, dst).rate_bps;
+  return r == 0 ? 100e9 : static_cast<double>(r);
+}
+
+// Bandwidth-weighted shards: each region's weight is the rate (kbit/s) of its slowest link in
+// either direction. Owner i's shard crosses every link into i (reduce-scatter) and every link
+// out of i (all-gather) once, so this makes each owner's own traffic take about equally long.
+std::vector<uint64_t> SlowestLinkWeights(const wanem::LinkTable& t) {
+  std::vector<uint64_t> w(static_cast<size_t>(t.regions));
+  for (int i = 0; i < t.regions; ++i) {
+    double slowest = 1e300;
+    for (int j = 0; j < t.regions; ++j) {
+      if (j != i) slowest = std::min({slowest, RateBps(t, i, j), RateBps(t, j, i)});
+    }
+    w[static_cast<size_t>(i)] = std::max<uint64_t>(1, static_cast<uint64_t>(slowest / 1000));
+  }
+  return w;
+}
+
+// Shares that minimise the busiest link's time, max over pairs of (s_i + s_j) / c_ij with c_ij
+// the slower direction of pair (i, j): the linear program max sum(x) subject to
+// x_i + x_j <= c_ij, x >= 0, then s = x / sum(x) (and T = 1 / sum(x)). Solved with a dense
+// simplex and Bland's rule (no cycling); the origin is feasible, so no first phase is needed.
+// A region may get (almost) nothing to own: with pairs 0-1 200, 0-2 100, 1-2 50 Mbit/s the
+// optimum is (2/3, 1/3, 0), whose floor is half the even split's, where the slowest-link rule
+// gets 1.32x. As weights (millionths, at least 1: every owner keeps at least one unit).
+std::vector<uint64_t> BalancedWeights(const wanem::LinkTable& t) {
+  const size_t n = static_cast<size_t>(t.regions);
+  std::vector<std::pair<size_t, size_t>> pairs;
+  std::vector<double> cap;  // Mbit/s, so that the tableau's numbers stay near 1
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      pairs.emplace_back(i, j);
+      cap.push_back(std::min(RateBps(t, static_cast<int>(i), static_cast<int>(j)),
+                             RateBps(t, static_cast<int>(j), static_cast<int>(i))) /
+                    1e6);
+    }
+  }
+  const size_t m = pairs.size(), cols = n + m;  // x, then one slack per pair; then b
+  std::vector<std::vector<double>> a(m + 1, std::vector<double>(cols + 1, 0.0));
+  std::vector<size_t> basis(m);
+  for (size_t r = 0; r < m; ++r) {
+    a[r][pairs[r].first] = 1;
+    a[r][pairs[r].second] = 1;
+    a[r][n + r] = 1;
+    a[r][cols] = cap[r];
+    basis[r] = n + r;
+  }
+  for (size_t j = 0; j < n; ++j) a[m][j] = -1;  // the objective row: z - sum(x) = 0
+  constexpr double kEps = 1e-12;
+  for (int iter = 0; iter < 100000; ++iter) {
+    size_t enter = cols;
+    for (size_t j = 0; j < cols && enter == cols; ++j) {
+      if (a[m][j] < -kEps) enter = j;
+    }
+    if (enter == cols) break;  // optimal
+    size_t leave = m;
+    double best = 0;
+    for (size_t r = 0; r < m; ++r) {
+      if (a[r][enter] <= kEps) continue;
+      const double ratio = a[r][cols] / a[r][enter];
+      if (leave == m || ratio < best - kEps ||
+          (std::fabs(ratio - best) <= kEps && basis[r] < basis[leave])) {
+        leave = r;
+        best = ratio;
+      }
+    }
+    if (leave == m) break;  // unbounded: impossible, every x_i has a capped pair
+    const double pivot = a[leave][enter];
+    for (double& v : a[leave]) v /= pivot;
+    for (size_t r = 0; r <= m; ++r) {
+      if (r == leave || a[r][enter] == 0) continue;
+      const double factor = a[r][enter];
+      for (size_t j = 0; j <= cols; ++j) a[r][j] -= factor * a[leave][j];
+    }
+    basis[leave] = enter;
+  }
+  std::vector<double> x(n, 0.0);
+  for (size_t r = 0; r < m; ++r) {
+    if (basis[r] < n) x[basis[r]] = std::max(0.0, a[r][cols]);
+  }
+  double total = 0;
+  for (double v : x) total += v;
+  std::vector<uint64_t> w(n, 1);
+  if (total <= 0) return w;
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(x[i] / total * 1e6)));
+  }
+  return w;
+}
+
+// The mesh's floor on strait-wanem, where every directed pair has its own rate: link j -> i
+// carries owner i's shard (reduce-scatter) and owner j's result (all-gather), each shrunk by the
+// codec ratio, so T >= 2 max L + max over pairs of (s_i + s_j) S / (r B_ji). With equal links
+// and shards that is 2L + 2S/(n r B).
+double PairFloor(const wanem::LinkTable& t, const std::vector<uint64_t>& weights, double bytes,
+                 double ratio) {
+  const int n = t.regions;
+  std::vector<double> share(static_cast<size_t>(n), 1.0 / n);
+  if (!weights.empty()) {
+    double total = 0;
+    for (uint64_t w : weights) total += static_cast<double>(w);
+    for (int i = 0; i < n; ++i)
+      share[static_cast<size_t>(i)] = weights[static_cast<size_t>(i)] / total;
+  }
+  double latency = 0, wire = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < n; ++i) {
+      if (i == j) continue;
+      latency = std::max(latency, 2.0 * static_cast<double>(t.at(j, i).delay_ns) / 1e9);
+      const double s = share[static_cast<size_t>(i)] + share[static_cast<size_t>(j)];
+      wire = std::max(wire, s * bytes * 8.0 / (ratio * RateBps(t, j, i)));
+    }
+  }
+  return latency + wire;
+}
+
+bool LinksEqual(const wanem::LinkTable& t) {
+  const std::string first = t.at(0, 1).ToString();
+  for (int i = 0; i < t.regions; ++i) {
+    for (int j = 0; j < t.regions; ++j) {
+      if (i != j && t.at(i, j).ToString() != first) return false;
+    }
+  }
+  return true;
+}
+
 struct RunResult {
   std::string label;
+  std::string codec;   // mesh: the --codec entry
+  std::string shards;  // mesh: "weighted", "balanced" or "even"; ring: ""
+  std::vector<uint64_t> weights;
   std::string policy;
   int participants = 0;  // busbw's n
   double time_s = 0;     // mean over iterations of the slowest rank's time
   double max_error = 0;
   uint64_t wrong = 0;
   bool identical = true;
-  uint64_t wan_bytes_per_iter_max_region = 0;  // mesh: the busiest region's WAN bytes sent
+  uint64_t wan_bytes_per_iter = 0;                  // mesh: every gateway's WAN bytes sent, summed
+  std::vector<uint64_t> region_wan_bytes_per_iter;  // mesh: the same per region
+  double codec_ratio = 0;  // mesh: uncompressed mesh bytes / wan_bytes_per_iter
+  double bound_s = 0;      // DESIGN's link bound (0: not applicable)
+  double floor_s = 0;      // PairFloor for this row's split and ratio
   int64_t wall_ns = 0;
+  // Emulated links over the measured iterations (first start to last end, every rank): bytes
+  // the router delivered / (rate x window), mean and lowest over the directed pairs that carry
+  // data (not only acks), and packets it dropped (tail drop, loss or policer). Below 1: idle
+  // link time.
+  double link_use_mean = 0;
+  double link_use_min = 0;
+  uint64_t link_drops = 0;
+  // Mesh: straitd's time counters per measured iteration, mean over the gateways, in ms (keys
+  // of kTimeKeys without "_ns").
+  std::vector<std::pair<std::string, double>> gateway_ms;
+};
+
+// Router counters sampled through a run, to tell how busy the emulated links were in the
+// measured window (where the time goes: a link that idles is time not spent sending).
+class LinkSampler {
+ public:
+  explicit LinkSampler(const wanem::Emulator* emulator) : emulator_(emulator) {
+    if (emulator_ == nullptr) return;
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        Take();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  ~LinkSampler() { Stop(); }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stop_.store(true);
+    thread_.join();
+    Take();
+  }
+  // Fills the link_* fields of `r` for the window [begin_ns, end_ns).
+  void Summarise(const wanem::LinkTable& t, int64_t begin_ns, int64_t end_ns, RunResult* r) const {
+    if (samples_.size() < 2 || end_ns <= begin_ns) return;
+    const Sample& a = At(begin_ns);
+    const Sample& b = At(end_ns);
+    const double secs = static_cast<double>(b.at_ns - a.at_ns) / 1e9;
+    if (secs <= 0) return;
+    double sum = 0, lowest = 1e300, busiest = 0;
+    int used = 0;
+    for (size_t k = 0; k < b.delivered.size(); ++k) {
+      busiest = std::max(busiest, static_cast<double>(b.delivered[k] - a.delivered[k]));
+    }
+    for (int i = 0; i < t.regions; ++i) {
+      for (int j = 0; j < t.regions; ++j) {
+        if (i == j) continue;
+        const size_t k = static_cast<size_t>(i * t.regions + j);
+        const double bytes = static_cast<double>(b.delivered[k] - a.delivered[k]);
+        r->link_drops += b.dropped[k] - a.dropped[k];
+        // Pairs that carried only acknowledgements (the ring's backward direction) are not
+        // links the algorithm uses.
+        if (bytes <= 0.05 * busiest) continue;
+        const double use = bytes * 8.0 / (RateBps(t, i, j) * secs);
+        sum += use;
+        lowest = std::min(lowest, use);
+        ++used;
+      }
+    }
+    if (used == 0) return;
+    r->link_use_mean = sum / used;
+    r->link_use_min = lowest;
+  }
+
+ private:
+  struct Sample {
+    int64_t at_ns = 0;
+    std::vector<uint64_t> delivered, dropped;  // [src * regions + dst]
+  };
+  void Take() {
+    const wanem::RouterStats st = emulator_->Stats();
+    Sample s;
+    s.at_ns = MonotonicNanos();
+    for (int i = 0; i < st.regions; ++i) {
+      for (int j = 0; j < st.regions; ++j) {
+        const wanem::LinkStats& l = st.links[static_cast<size_t>(i)][static_cast<size_t>(j)];
+        s.delivered.push_back(l.delivered_bytes);
+        s.dropped.push_back(l.packets[static_cast<int>(wanem::Verdict::kLost)] +
+                            l.packets[static_cast<int>(wanem::Verdict::kQueueFull)] +
+                            l.packets[static_cast<int>(wanem::Verdict::kPoliced)]);
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.push_back(std::move(s));
+  }
+  // The last sample at or before `ns` (the first one if none is).
+  const Sample& At(int64_t ns) const {
+    size_t k = 0;
+    while (k + 1 < samples_.size() && samples_[k + 1].at_ns <= ns) ++k;
+    return samples_[k];
+  }
+
+  const wanem::Emulator* emulator_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::vector<Sample> samples_;
 };
 
 // Runs one rank process per (region, index) with `extra` rank flags, waits with a progress
 // line, and folds their results.
 StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role,
+                             const std::string& codec, const std::string& job,
                              const std::vector<std::string>& extra, ProgressLine* progress) {
   const int n = f.regions, k = f.ranks_per_region;
   std::vector<Proc> ranks;
   const Stopwatch wall;
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < k; ++i) {
-      const std::string base = c.dir + "/" + role + std::to_string(r) + "_" + std::to_string(i);
-      std::vector<std::string> argv = {
-          SelfExe(),
-          kCommand,
-          "--rank-role",
-          role,
-          "--rank-region",
-          std::to_string(r),
-          "--rank-index",
-          std::to_string(i),
-          "--regions",
-          std::to_string(n),
-          "--ranks-per-region",
-          std::to_string(k),
-          "--size",
-          std::to_string(f.size),
-          "--iters",
-          std::to_string(f.iters),
-          "--warmup",
-          std::to_string(f.warmup),
-          "--codec",
-          f.codec,
-          "--timeout",
-          std::to_string(f.timeout_s),
-          "--rank-socket",
-          c.dir + "/g" + std::to_string(r) + "_" + std::to_string(i) + ".sock"};
+      const std::string base = c.dir + "/" + role + std::to_string(c.generation) + "_" +
+                               std::to_string(r) + "_" + std::to_string(i) + "_" + job;
+      std::vector<std::string> argv = {SelfExe(),
+                                       kCommand,
+                                       "--rank-role",
+                                       role,
+                                       "--rank-region",
+                                       std::to_string(r),
+                                       "--rank-index",
+                                       std::to_string(i),
+                                       "--regions",
+                                       std::to_string(n),
+                                       "--ranks-per-region",
+                                       std::to_string(k),
+                                       "--size",
+                                       std::to_string(f.size),
+                                       "--iters",
+                                       std::to_string(f.iters),
+                                       "--warmup",
+                                       std::to_string(f.warmup),
+                                       "--codec",
+                                       codec,
+                                       "--timeout",
+                                       std::to_string(f.timeout_s),
+                                       "--rank-job",
+                                       job,
+                                       "--rank-socket",
+                                       SocketPath(c, r, i)};
       argv.insert(argv.end(), extra.begin(), extra.end());
       Proc p{-1, role + " rank r" + std::to_string(r) + "." + std::to_string(i), base + ".out",
              base + ".err"};
@@ -627,9 +975,11 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
     }
   }
   const int total_iters = f.warmup + f.iters;
+  LinkSampler sampler(c.emulator.get());
   Status failure;
   size_t running = ranks.size();
   const Deadline deadline = Deadline::AfterSeconds(f.timeout_s * total_iters + 120);
+  const std::string what = role == "mesh" ? "mesh " + codec : role;
   while (running > 0) {
     for (Proc& p : ranks) {
       int status = 0;
@@ -657,16 +1007,20 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
       const size_t at = out.rfind("progress ");
       slowest = std::min(slowest, at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 9));
     }
-    progress->Update(role + ": " + std::to_string(slowest) + "/" + std::to_string(total_iters) +
+    progress->Update(what + ": " + std::to_string(slowest) + "/" + std::to_string(total_iters) +
                      " iterations (" + std::to_string(f.warmup) + " warm-up), " +
                      FormatDuration(wall.ElapsedNanos()));
     if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   RunResult res;
+  res.codec = codec;
   res.wall_ns = wall.ElapsedNanos();
   std::vector<int64_t> slowest(static_cast<size_t>(f.iters), 0);
   std::vector<std::string> hashes(static_cast<size_t>(k));
+  sampler.Stop();
+  uint64_t wan_bytes = 0;
   std::vector<uint64_t> region_bytes(static_cast<size_t>(n), 0);
+  int64_t window_begin = INT64_MAX, window_end = 0;
   for (size_t idx = 0; idx < ranks.size(); ++idx) {
     const std::string out = ReadFile(ranks[idx].out);
     const size_t at = out.find("result ");
@@ -676,6 +1030,12 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
     for (size_t it = 0; it < slowest.size() && it < j["times_ns"].size(); ++it) {
       slowest[it] = std::max(slowest[it], j["times_ns"][it].get<int64_t>());
     }
+    if (j.contains("starts_ns") && !j["starts_ns"].empty()) {
+      const size_t last = j["starts_ns"].size() - 1;
+      window_begin = std::min(window_begin, j["starts_ns"][0].get<int64_t>());
+      window_end = std::max(
+          window_end, j["starts_ns"][last].get<int64_t>() + j["times_ns"][last].get<int64_t>());
+    }
     res.policy = j["policy"].get<std::string>();
     res.max_error = std::max(res.max_error, j["max_error"].get<double>());
     res.wrong += j["wrong"].get<uint64_t>();
@@ -684,27 +1044,38 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
     const std::string h = j["hash"].get<std::string>();
     if (hashes[slot].empty()) hashes[slot] = h;
     res.identical = res.identical && hashes[slot] == h;
+    wan_bytes += j["wan_bytes_sent"].get<uint64_t>();
     region_bytes[idx / static_cast<size_t>(k)] += j["wan_bytes_sent"].get<uint64_t>();
+    if (j.contains("gateway_ns")) {
+      for (const char* key : kTimeKeys) {
+        std::string name(key);
+        name.resize(name.size() - 3);  // "_ns"
+        auto it = std::find_if(res.gateway_ms.begin(), res.gateway_ms.end(),
+                               [&](const auto& kv) { return kv.first == name; });
+        if (it == res.gateway_ms.end()) {
+          res.gateway_ms.emplace_back(name, 0.0);
+          it = res.gateway_ms.end() - 1;
+        }
+        it->second += j["gateway_ns"].value(key, 0.0) / 1e6 / static_cast<double>(ranks.size());
+      }
+    }
   }
   double sum = 0;
   for (int64_t t : slowest) sum += static_cast<double>(t);
   res.time_s = sum / std::max(1, f.iters) / 1e9;
-  res.wan_bytes_per_iter_max_region = *std::max_element(region_bytes.begin(), region_bytes.end()) /
-                                      static_cast<uint64_t>(std::max(1, f.iters));
+  res.wan_bytes_per_iter = wan_bytes / static_cast<uint64_t>(std::max(1, f.iters));
+  for (uint64_t b : region_bytes) {
+    res.region_wan_bytes_per_iter.push_back(b / static_cast<uint64_t>(std::max(1, f.iters)));
+  }
+  if (c.emulator) sampler.Summarise(c.table, window_begin, window_end, &res);
   return res;
 }
 
 struct Report {
   Flags flags;
   Setup setup;
-  std::vector<RunResult> runs;
-  double bound_s = 0;        // mesh, with the measured codec ratio
-  double bound_plain_s = 0;  // r = 1
-  double codec_ratio = 0;
-  // strait-wanem gives every directed pair its own rate B, so each link carries 2S/(n r) and the
-  // mesh's real floor is 2L + 2S/(n r B): below DESIGN's bound, which counts a region's egress
-  // as one link of rate B. Printed beside it, so that measured/bound < 1 is explained.
-  double pair_bound_s = 0;
+  std::vector<RunResult> runs;  // the mesh rows, then the ring baseline when asked for
+  bool links_equal = true;
 };
 
 // DESIGN "Performance model": T >= 2L + 2S(n-1)/(n r B), for equal links.
@@ -715,6 +1086,32 @@ double LinkBound(const Setup& s, int n, double bytes, double ratio) {
   return 2.0 * static_cast<double>(p.delay_ns) / 1e9 + 2.0 * bytes * (n - 1) / (n * ratio * b);
 }
 
+std::string WeightsText(const std::vector<uint64_t>& w) {
+  if (w.empty()) return "equal";
+  std::string t;
+  for (size_t i = 0; i < w.size(); ++i) t += (i ? ":" : "") + std::to_string(w[i]);
+  return t;
+}
+
+// --codec's entries: '/' separates them, since a policy itself may hold commas ("int8,noef").
+std::vector<std::string> SplitCodecs(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t slash = std::min(text.find('/', at), text.size());
+    if (slash > at) out.push_back(text.substr(at, slash - at));
+    at = slash + 1;
+  }
+  return out;
+}
+
+const RunResult* FindRun(const Report& rep, const std::string& codec, const std::string& shards) {
+  for (const RunResult& r : rep.runs) {
+    if (r.codec == codec && r.shards == shards) return &r;
+  }
+  return nullptr;
+}
+
 std::string FormatTable(const Report& rep) {
   const Flags& f = rep.flags;
   std::ostringstream o;
@@ -723,59 +1120,124 @@ std::string FormatTable(const Report& rep) {
     << " ranks, fp32 sum, " << f.iters << " iterations after " << f.warmup << " warm-up\n";
   o << "# " << CpuModelName() << ", " << UtcTimestamp() << '\n';
   if (rep.setup.emulated) {
-    o << "# links: strait-wanem, every pair " << rep.setup.table.at(0, 1).ToString() << '\n';
+    if (rep.links_equal) {
+      o << "# links: strait-wanem, every pair " << rep.setup.table.at(0, 1).ToString() << '\n';
+    } else {
+      o << "# links: strait-wanem, per directed pair:\n";
+      for (int i = 0; i < f.regions; ++i) {
+        for (int j = 0; j < f.regions; ++j) {
+          if (i != j)
+            o << "#   r" << i << " > r" << j << ": " << rep.setup.table.at(i, j).ToString() << '\n';
+        }
+      }
+    }
   } else {
     o << "# links: 127.0.0.1 loopback, NOT emulated (" << rep.setup.why_loopback
       << "): the link bound does not apply\n";
   }
+  o << "# gateway links: " << (rep.setup.tls ? "TLS 1.3 (throwaway CA)" : "plain TCP") << ", "
+    << f.streams << (f.adapt_streams ? " streams at first, adaptive" : " streams, fixed")
+    << ", congestion control " << (f.cc.empty() ? "the system's" : f.cc)
+    << "; the ring baseline is plain TCP between the ranks\n";
   o << "# sidecar mode: rank i of each region all-reduces its 1/" << f.ranks_per_region
     << " slice through its own straitd (shard i); the straitds of shard i form the mesh. No "
        "NCCL here: the intra-region reduce-scatter/all-gather are not run.\n";
   o << "# busbw = algbw x 2(n-1)/n with n = regions (mesh) or all ranks (ring)\n";
-  std::snprintf(line, sizeof(line), "%-22s %12s %11s %6s %6s %10s %9s %9s %10s %7s %9s %9s %s\n",
+  std::snprintf(line, sizeof(line), "%-30s %12s %11s %6s %6s %10s %9s %9s %10s %7s %9s %9s %s\n",
                 "#run", "size", "count", "type", "redop", "time(ms)", "algbw", "busbw", "maxerr",
                 "#wrong", "bound(ms)", "meas/bnd", "identical");
   o << line;
-  std::snprintf(line, sizeof(line), "%-22s %12s %11s %6s %6s %10s %9s %9s %10s %7s %9s %9s\n", "#",
+  std::snprintf(line, sizeof(line), "%-30s %12s %11s %6s %6s %10s %9s %9s %10s %7s %9s %9s\n", "#",
                 "(B)", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "");
   o << line;
-  for (size_t i = 0; i < rep.runs.size(); ++i) {
-    const RunResult& r = rep.runs[i];
+  for (const RunResult& r : rep.runs) {
     const double algbw = static_cast<double>(f.size) / r.time_s / 1e9;
     const double busbw = algbw * 2.0 * (r.participants - 1) / r.participants;
-    const double bound = i == 0 ? rep.bound_s : rep.bound_plain_s;
     char bound_text[32] = "n/a", ratio_text[32] = "n/a";
-    if (rep.setup.emulated && bound > 0) {
-      std::snprintf(bound_text, sizeof(bound_text), "%.1f", bound * 1e3);
-      std::snprintf(ratio_text, sizeof(ratio_text), "%.2f", r.time_s / bound);
+    if (rep.setup.emulated && r.bound_s > 0) {
+      std::snprintf(bound_text, sizeof(bound_text), "%.1f", r.bound_s * 1e3);
+      std::snprintf(ratio_text, sizeof(ratio_text), "%.2f", r.time_s / r.bound_s);
     }
     std::snprintf(line, sizeof(line),
-                  "%-22s %12llu %11llu %6s %6s %10.1f %9.4f %9.4f %10.3g %7llu %9s %9s %s\n",
+                  "%-30s %12llu %11llu %6s %6s %10.1f %9.4f %9.4f %10.3g %7llu %9s %9s %s\n",
                   r.label.c_str(), static_cast<unsigned long long>(f.size),
                   static_cast<unsigned long long>(f.size / 4), "float", "sum", r.time_s * 1e3,
                   algbw, busbw, r.max_error, static_cast<unsigned long long>(r.wrong), bound_text,
                   ratio_text, r.identical ? "yes" : "NO");
     o << line;
   }
-  o << "# mesh policy (as the gateways resolved it): " << rep.runs[0].policy << '\n';
-  if (rep.codec_ratio > 0) {
-    std::snprintf(line, sizeof(line), "# codec ratio on the wire (measured): %.2f\n",
-                  rep.codec_ratio);
+  for (const RunResult& r : rep.runs) {
+    if (r.shards.empty()) {
+      std::snprintf(line, sizeof(line), "# %s:", r.label.c_str());
+    } else {
+      std::snprintf(
+          line, sizeof(line), "# %s: policy %s, shard weights %s, codec ratio on the wire %.2f,",
+          r.label.c_str(), r.policy.c_str(), WeightsText(r.weights).c_str(), r.codec_ratio);
+    }
     o << line;
+    if (rep.setup.emulated && r.floor_s > 0) {
+      std::snprintf(line, sizeof(line), " per-pair floor %.1f ms, measured/floor %.2f;",
+                    r.floor_s * 1e3, r.time_s / r.floor_s);
+      o << line;
+    }
+    if (rep.setup.emulated) {
+      std::snprintf(line, sizeof(line), " links busy %.0f%% (least %.0f%%), %llu packets dropped",
+                    r.link_use_mean * 100, r.link_use_min * 100,
+                    static_cast<unsigned long long>(r.link_drops));
+      o << line;
+    }
+    o << '\n';
+    if (!r.gateway_ms.empty()) {
+      auto ms = [&](const char* key) {
+        for (const auto& [k, v] : r.gateway_ms) {
+          if (k == key) return v;
+        }
+        return 0.0;
+      };
+      std::snprintf(line, sizeof(line),
+                    "#   per iteration, mean of the %d straitds: request %.1f ms (the rest of the "
+                    "rank's time: local socket and copies), of it all-reduce %.1f; both threads' "
+                    "encode %.1f, decode+reduce %.1f, decode results %.1f, waiting for frames "
+                    "%.1f; then waiting for acks %.1f\n",
+                    f.regions * f.ranks_per_region, ms("handle"), ms("allreduce"), ms("encode"),
+                    ms("reduce"), ms("decode"), ms("wait"), ms("ack_wait"));
+      o << line;
+    }
   }
   if (rep.setup.emulated) {
-    o << "# link bound: T >= 2L + 2S(n-1)/(n r B), L one-way delay, B one directed link; the "
-         "ring row is held to the uncompressed mesh bound (r = 1)\n";
-    std::snprintf(line, sizeof(line),
-                  "# per-pair floor of the mesh (every directed pair has its own rate here, so "
-                  "each carries 2S/(n r)): 2L + 2S/(n r B) = %.1f ms, measured/floor %.2f\n",
-                  rep.pair_bound_s * 1e3, rep.runs[0].time_s / rep.pair_bound_s);
-    o << line;
+    if (rep.links_equal) {
+      o << "# link bound: T >= 2L + 2S(n-1)/(n r B), L one-way delay, B one directed link; the "
+           "ring row is held to the uncompressed mesh bound (r = 1)\n";
+    } else {
+      o << "# unequal links: DESIGN's bound assumes equal links, so bound = the per-pair floor "
+           "of each row's split (the ring row: even split, r = 1)\n";
+    }
+    o << "# per-pair floor (every directed pair has its own rate on strait-wanem; link j>i "
+         "carries owner i's shard and owner j's result): 2 max L + max (s_i + s_j) S / (r B_ji)\n";
   }
-  if (rep.runs.size() > 1) {
-    std::snprintf(line, sizeof(line), "# ring baseline / mesh time: %.2fx\n",
-                  rep.runs[1].time_s / rep.runs[0].time_s);
-    o << line;
+  for (const std::string& codec : SplitCodecs(f.codec)) {
+    const RunResult* even = FindRun(rep, codec, "even");
+    for (const char* mode : {"weighted", "balanced"}) {
+      const RunResult* other = FindRun(rep, codec, mode);
+      if (even == nullptr || other == nullptr) continue;
+      std::snprintf(line, sizeof(line), "# %s: even / %s shards time: %.2fx", codec.c_str(), mode,
+                    even->time_s / other->time_s);
+      o << line;
+      if (rep.setup.emulated) {
+        std::snprintf(line, sizeof(line), " (floors: %.2fx)", even->floor_s / other->floor_s);
+        o << line;
+      }
+      o << '\n';
+    }
+  }
+  if (!rep.runs.empty() && rep.runs.back().shards.empty()) {
+    const RunResult& ring = rep.runs.back();
+    for (const RunResult& r : rep.runs) {
+      if (r.shards.empty()) continue;
+      std::snprintf(line, sizeof(line), "# ring baseline / %s time: %.2fx\n", r.label.c_str(),
+                    ring.time_s / r.time_s);
+      o << line;
+    }
   }
   return o.str();
 }
@@ -796,18 +1258,40 @@ std::string FormatJson(const Report& rep) {
   j["iters"] = f.iters;
   j["warmup"] = f.warmup;
   j["emulated"] = rep.setup.emulated;
+  j["transport"] = rep.setup.tls ? "tls" : "plain";
+  j["streams"] = f.streams;
+  j["adapt_streams"] = f.adapt_streams;
+  j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
+  j["links_equal"] = rep.links_equal;
   j["link"] = rep.setup.emulated ? Json(rep.setup.table.at(0, 1).ToString()) : Json(nullptr);
+  Json pairs = Json::array();
+  for (int a = 0; a < f.regions && rep.setup.emulated; ++a) {
+    for (int b = 0; b < f.regions; ++b) {
+      if (a == b) continue;
+      Json p;
+      p["src"] = a;
+      p["dst"] = b;
+      p["link"] = rep.setup.table.at(a, b).ToString();
+      p["rate_bps"] = rep.setup.table.at(a, b).rate_bps;
+      pairs.push_back(p);
+    }
+  }
+  j["pairs"] = pairs;
   j["loopback_reason"] = rep.setup.emulated ? Json(nullptr) : Json(rep.setup.why_loopback);
   j["mode"] = "sidecar: rank i of each region all-reduces its slice through its own straitd";
-  j["codec_ratio"] = rep.codec_ratio;
-  j["mesh_pair_floor_s"] = rep.setup.emulated ? Json(rep.pair_bound_s) : Json(nullptr);
+  // The first mesh row's, for readers of the single-codec form.
+  j["codec_ratio"] = rep.runs.empty() ? 0.0 : rep.runs[0].codec_ratio;
+  j["mesh_pair_floor_s"] =
+      rep.setup.emulated && !rep.runs.empty() ? Json(rep.runs[0].floor_s) : Json(nullptr);
   Json runs = Json::array();
-  for (size_t i = 0; i < rep.runs.size(); ++i) {
-    const RunResult& r = rep.runs[i];
+  for (const RunResult& r : rep.runs) {
     const double algbw = static_cast<double>(f.size) / r.time_s / 1e9;
-    const double bound = i == 0 ? rep.bound_s : rep.bound_plain_s;
     Json x;
     x["name"] = r.label;
+    x["algorithm"] = r.shards.empty() ? "ring" : "mesh";
+    x["codec"] = r.codec;
+    x["shards"] = r.shards.empty() ? Json(nullptr) : Json(r.shards);
+    x["shard_weights"] = r.weights;
     x["policy"] = r.policy;
     x["time_s"] = r.time_s;
     x["algbw_gbs"] = algbw;
@@ -815,14 +1299,26 @@ std::string FormatJson(const Report& rep) {
     x["max_error"] = r.max_error;
     x["wrong"] = r.wrong;
     x["identical"] = r.identical;
-    x["bound_s"] = rep.setup.emulated && bound > 0 ? Json(bound) : Json(nullptr);
+    x["codec_ratio"] = r.codec_ratio;
+    x["wan_bytes_per_iter"] = r.wan_bytes_per_iter;
+    x["region_wan_bytes_per_iter"] = r.region_wan_bytes_per_iter;
+    x["bound_s"] = rep.setup.emulated && r.bound_s > 0 ? Json(r.bound_s) : Json(nullptr);
     x["measured_over_bound"] =
-        rep.setup.emulated && bound > 0 ? Json(r.time_s / bound) : Json(nullptr);
+        rep.setup.emulated && r.bound_s > 0 ? Json(r.time_s / r.bound_s) : Json(nullptr);
+    x["floor_s"] = rep.setup.emulated && r.floor_s > 0 ? Json(r.floor_s) : Json(nullptr);
+    x["link_busy_mean"] = rep.setup.emulated ? Json(r.link_use_mean) : Json(nullptr);
+    x["link_busy_min"] = rep.setup.emulated ? Json(r.link_use_min) : Json(nullptr);
+    x["link_drops"] = rep.setup.emulated ? Json(r.link_drops) : Json(nullptr);
+    Json g = Json::object();
+    for (const auto& [k, v] : r.gateway_ms) g[k] = v;
+    x["gateway_ms_per_iter"] = g;
     runs.push_back(x);
   }
   j["runs"] = runs;
-  j["baseline_over_mesh"] =
-      rep.runs.size() > 1 ? Json(rep.runs[1].time_s / rep.runs[0].time_s) : Json(nullptr);
+  const bool ring = !rep.runs.empty() && rep.runs.back().shards.empty();
+  j["baseline_over_mesh"] = ring && rep.runs.size() > 1
+                                ? Json(rep.runs.back().time_s / rep.runs[0].time_s)
+                                : Json(nullptr);
   return j.dump(2) + "\n";
 }
 
@@ -831,6 +1327,15 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   sa.sa_handler = OnStopSignal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  const std::vector<std::string> codecs = SplitCodecs(f.codec);
+  const std::vector<std::string> shard_modes = SplitList(f.shards);
+  if (codecs.empty()) return UsageError(kCommand, "--codec", "give at least one codec");
+  if (shard_modes.empty()) return UsageError(kCommand, "--shards", "even, weighted or both");
+  for (const std::string& m : shard_modes) {
+    if (m != "even" && m != "weighted" && m != "balanced") {
+      return UsageError(kCommand, "--shards", "a list of even and weighted, not '" + m + "'");
+    }
+  }
   Setup s;
   if (f.loopback) {
     s.why_loopback = "--loopback";
@@ -839,8 +1344,11 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   } else {
     s.emulated = true;
   }
-  StatusOr<wanem::LinkTable> table = wanem::BuildLinkTable(f.regions, f.link, {});
-  if (!table.ok()) return UsageError(kCommand, "--link", table.status().message());
+  // TLS by default where the links are emulated WAN links (what a deployment runs); loopback
+  // runs are demos and smoke tests, where plain TCP keeps the CPU for the gateways.
+  s.tls = f.transport == "tls" || (f.transport == "auto" && s.emulated);
+  StatusOr<wanem::LinkTable> table = wanem::BuildLinkTable(f.regions, f.link, f.pairs);
+  if (!table.ok()) return UsageError(kCommand, "--link/--pair", table.status().message());
   s.table = *std::move(table);
 
   Cluster c;
@@ -857,26 +1365,57 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
     std::cerr << "strait-bench allreduce: FAILED: " << st.ToString() << '\n';
     return kExitFailure;
   };
+  if (s.tls) {
+    progress.Update("making throwaway TLS certificates");
+    if (Status st = MakeCertificates(c.dir, f.regions); !st.ok()) return fail(st);
+  }
   if (s.emulated) {
     progress.Update("starting strait-wanem");
     wanem::EmulatorOptions eo;
     eo.name = "bench" + std::to_string(::getpid() % 100000);
     eo.table = s.table;
+    c.table = s.table;
     StatusOr<std::unique_ptr<wanem::Emulator>> emu = wanem::Emulator::Start(std::move(eo));
     if (!emu.ok()) return fail(emu.status());
     c.emulator = *std::move(emu);
   }
-  progress.Update("starting " + std::to_string(f.regions * f.ranks_per_region) + " straitd");
-  if (Status st = StartGateways(f, s, c); !st.ok()) return fail(st);
 
   Report rep;
   rep.flags = f;
   rep.setup = s;
-  StatusOr<RunResult> mesh = RunRanks(f, c, "mesh", {}, &progress);
-  if (!mesh.ok()) return fail(mesh.status());
-  mesh->label = "mesh " + f.codec;
-  mesh->participants = f.regions;
-  rep.runs.push_back(*mesh);
+  rep.links_equal = LinksEqual(s.table);
+  const double n = f.regions;
+  const double bytes = static_cast<double>(f.size);
+  // Every gateway's WAN bytes together, uncompressed, whatever the split: each region sends its
+  // parts of the n-1 other shards, and each owner its result to n-1 regions: 2(n-1)S in all.
+  const double plain_bytes_total = 2.0 * bytes * (n - 1);
+  int job_index = 0;
+  for (const std::string& mode : shard_modes) {
+    std::vector<uint64_t> weights;  // even, and equal links: none
+    if (!rep.links_equal && mode == "weighted") weights = SlowestLinkWeights(s.table);
+    if (!rep.links_equal && mode == "balanced") weights = BalancedWeights(s.table);
+    if (c.daemons.empty() || weights != c.weights) {
+      progress.Update("starting " + std::to_string(f.regions * f.ranks_per_region) + " straitd");
+      if (Status st = StartGateways(f, s, weights, c); !st.ok()) return fail(st);
+    }
+    for (const std::string& codec : codecs) {
+      // A job per row: error-feedback residuals and op sequences never carry over.
+      const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
+      StatusOr<RunResult> mesh = RunRanks(f, c, "mesh", codec, job, {}, &progress);
+      if (!mesh.ok()) return fail(mesh.status());
+      mesh->label = "mesh " + codec + (shard_modes.size() > 1 ? " " + mode : "");
+      mesh->shards = mode;
+      mesh->weights = weights;
+      mesh->participants = f.regions;
+      if (mesh->wan_bytes_per_iter > 0) {
+        mesh->codec_ratio = plain_bytes_total / static_cast<double>(mesh->wan_bytes_per_iter);
+      }
+      const double ratio = mesh->codec_ratio > 0 ? mesh->codec_ratio : 1.0;
+      mesh->floor_s = PairFloor(s.table, weights, bytes, ratio);
+      mesh->bound_s = rep.links_equal ? LinkBound(s, f.regions, bytes, ratio) : mesh->floor_s;
+      rep.runs.push_back(*mesh);
+    }
+  }
 
   if (f.baseline == "ring") {
     std::vector<std::string> addrs;
@@ -891,28 +1430,19 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
     }
     std::string list;
     for (const std::string& a : addrs) list += (list.empty() ? "" : ",") + a;
-    StatusOr<RunResult> ring = RunRanks(f, c, "ring", {"--ring-addrs", list}, &progress);
+    StatusOr<RunResult> ring =
+        RunRanks(f, c, "ring", "none", "ring", {"--ring-addrs", list}, &progress);
     if (!ring.ok()) return fail(ring.status());
     ring->label = "ring none (baseline)";
+    ring->codec = "none";
     ring->participants = f.regions * f.ranks_per_region;
+    // Held to the uncompressed mesh (DESIGN's bound, or with unequal links the even split's
+    // floor); the ring's own floor is not computed (floor_s stays 0).
+    ring->bound_s =
+        rep.links_equal ? LinkBound(s, f.regions, bytes, 1.0) : PairFloor(s.table, {}, bytes, 1.0);
     rep.runs.push_back(*ring);
   }
   progress.Clear();
-
-  const double n = f.regions;
-  const double plain_bytes_per_region = 2.0 * static_cast<double>(f.size) * (n - 1) / n;
-  if (rep.runs[0].wan_bytes_per_iter_max_region > 0) {
-    rep.codec_ratio =
-        plain_bytes_per_region / static_cast<double>(rep.runs[0].wan_bytes_per_iter_max_region);
-  }
-  rep.bound_s = LinkBound(s, f.regions, static_cast<double>(f.size),
-                          rep.codec_ratio > 0 ? rep.codec_ratio : 1.0);
-  rep.bound_plain_s = LinkBound(s, f.regions, static_cast<double>(f.size), 1.0);
-  if (s.emulated && f.regions > 1) {
-    // LinkBound with the (n-1) factor undone: 2S(n-1)/(n r B) -> 2S/(n r B).
-    const double latency = 2.0 * static_cast<double>(s.table.at(0, 1).delay_ns) / 1e9;
-    rep.pair_bound_s = latency + (rep.bound_s - latency) / (f.regions - 1);
-  }
 
   std::cout << (globals.json ? FormatJson(rep) : FormatTable(rep));
   std::cout.flush();
@@ -937,10 +1467,27 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       ->transform(SizeValidator(1024, uint64_t{4} << 30))
       ->capture_default_str();
   cmd.add_option("--codec", f->codec,
-                 "Job policy for the mesh: none, zstd[:L], int8, int4, fp8, auto [,ef|,noef]")
+                 "Job policy for the mesh: none, zstd[:L], int8, int4, fp8, auto [,ef|,noef]; "
+                 "several separated by '/' run one mesh row each (e.g. int8/zstd)")
       ->capture_default_str();
   cmd.add_option("--link", f->link,
                  "Every emulated link: rate,one-way delay[,loss=...] (strait-wanem link spec)")
+      ->capture_default_str();
+  cmd.add_option("--pair", f->pairs,
+                 "Per-pair override as strait-wanem's --pair: SELECTOR=SPEC, e.g. "
+                 "0:1=rate=200mbit (both directions) or 2>0=rate=50mbit; repeatable")
+      ->type_name("SELECTOR=SPEC");
+  cmd.add_option("--shards", f->shards,
+                 "Shard split of the mesh, given to straitd as allreduce.shard_weights: weighted "
+                 "(each region's weight = its slowest link's rate), balanced (the split that "
+                 "minimises the busiest link's time, a small linear program), even; several "
+                 "comma-separated run one row each, the gateways restarted in between. Equal "
+                 "links give equal shards in every mode")
+      ->capture_default_str();
+  cmd.add_option("--transport", f->transport,
+                 "Gateway WAN links: tls (throwaway CA and certificates via the openssl CLI), "
+                 "plain, or auto (tls when emulating, plain on loopback)")
+      ->check(CLI::IsMember({"auto", "tls", "plain"}))
       ->capture_default_str();
   cmd.add_option("--iters", f->iters, "Measured iterations")
       ->check(IntValidator(1, 10000))
@@ -957,6 +1504,14 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--streams", f->streams, "WAN streams per gateway link")
       ->check(IntValidator(1, 64))
       ->capture_default_str();
+  cmd.add_option("--adapt-streams", f->adapt_streams,
+                 "Let each gateway link adapt its stream count from --streams (straitd's "
+                 "link.adapt_streams); false keeps --streams fixed")
+      ->capture_default_str();
+  cmd.add_option("--cc", f->cc,
+                 "Congestion control of the gateways' WAN streams (straitd's "
+                 "link.congestion_control, e.g. bbr or reno; default: the system's)")
+      ->check(CLI::IsMember({"bbr", "reno", "cubic"}));
   cmd.add_option("--straitd", f->straitd,
                  "straitd binary (default: next to strait-bench, the build tree, then PATH)")
       ->type_name("PATH");
@@ -968,6 +1523,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--rank-region", f->rank_region)->group("");
   cmd.add_option("--rank-index", f->rank_index)->group("");
   cmd.add_option("--rank-socket", f->socket)->group("");
+  cmd.add_option("--rank-job", f->job)->group("");
   cmd.add_option("--ring-addrs", f->ring_addrs)->group("");
 
   return [f](const GlobalFlags& globals) -> int {

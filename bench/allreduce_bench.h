@@ -10,6 +10,13 @@
 // this binary re-executed in a hidden rank mode, each inside its region's network namespace
 // (`ip netns exec`) when emulating.
 //
+// One run can hold several mesh rows: each --codec entry ('/'-separated) for each --shards mode
+// (weighted: straitd's allreduce.shard_weights from each region's slowest emulated link; even:
+// none; the gateways are restarted when the weights change), then the ring. Gateway links use
+// TLS with a throwaway CA when emulating (--transport). Beside each row: the per-pair floor of
+// its split on strait-wanem's per-pair links, how busy the emulated links were (router
+// counters sampled through the run) and straitd's own time split (its stats counters).
+//
 // Checked every run: each rank's result against an fp64 reference of the sum (lossless codecs:
 // within fp32 rounding; lossy: within the codec's per-block step bound, error feedback
 // included), and every region's copy of each slice bit for bit against the others.

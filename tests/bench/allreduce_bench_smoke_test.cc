@@ -1,12 +1,15 @@
 // Smoke test of `strait-bench allreduce --loopback`: three regions of two ranks on 127.0.0.1,
 // each rank a process with its own straitd, 1 MiB for two iterations, with and without the ring
-// baseline. Checks the exit status and the --json fields (correctness verdicts included: no
-// wrong element, bit-identical ranks); never a speed.
+// baseline; several codecs with weighted and even shards in one run (gateways restarted with
+// allreduce.shard_weights, which must change how many bytes each region sends); gateways over
+// TLS. Checks the exit status and the --json fields (correctness verdicts included: no wrong
+// element, bit-identical ranks); never a speed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -96,10 +99,79 @@ TEST(AllReduceBench, LoopbackZstdMeshIsExactToFp32Rounding) {
   EXPECT_TRUE(j["baseline_over_mesh"].is_null());
 }
 
+// Unequal links (given with --pair even though loopback does not emulate them) make the
+// weighted rows run with shard weights from each region's slowest link: region 0 (200 and 100
+// Mbit/s) gets twice the share of regions 1 and 2 (50 Mbit/s each). An owner sends its share
+// to n-1 regions and its part of the other shards once, so with weights 2:1:1 region 0 sends
+// (2 x 1/2 + 1/2) = 1.5 units and regions 1 and 2 (2 x 1/4 + 3/4) = 1.25 units; even shards give
+// 4/3 each. That is checked on the gateways' byte counters, so ignored weights fail the test.
+// The balanced split of these links (the linear program's optimum) is (2/3, 1/3, 0): region 2
+// owns one 256-element unit and sends only its inputs (1 unit of bytes against region 0's
+// 2 x 2/3 + 1/3 = 5/3), checked on int8 only.
+TEST(AllReduceBench, LoopbackWeightedBalancedAndEvenShardsForSeveralCodecs) {
+  std::vector<std::string> args = Common("int8,ef/zstd");
+  args.insert(args.end(), {"--pair", "0:1=rate=200mbit", "--pair", "0:2=rate=100mbit", "--pair",
+                           "1:2=rate=50mbit", "--shards", "weighted,even,balanced"});
+  const Result r = RunBench(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["links_equal"], false);
+  ASSERT_EQ(j["runs"].size(), 6u);
+  const char* codecs[] = {"int8,ef", "zstd", "int8,ef", "zstd", "int8,ef", "zstd"};
+  const char* shards[] = {"weighted", "weighted", "even", "even", "balanced", "balanced"};
+  for (size_t i = 0; i < 6; ++i) {
+    const auto& run = j["runs"][i];
+    EXPECT_EQ(run["codec"], codecs[i]) << run;
+    EXPECT_EQ(run["shards"], shards[i]) << run;
+    EXPECT_EQ(run["wrong"], 0) << run;
+    EXPECT_EQ(run["identical"], true) << run;
+    const auto bytes = run["region_wan_bytes_per_iter"].get<std::vector<double>>();
+    ASSERT_EQ(bytes.size(), 3u) << run;
+    if (i < 2) {
+      EXPECT_EQ(run["shard_weights"], (std::vector<uint64_t>{100000, 50000, 50000})) << run;
+      // 1.5 / 1.25 = 1.2 uncompressed; int8 frames carry per-block scales, zstd's ratio
+      // depends on the data, so allow some slack but not the even split's 1.0.
+      EXPECT_GT(bytes[0] / bytes[1], 1.1) << run;
+      EXPECT_GT(bytes[0] / bytes[2], 1.1) << run;
+    } else if (i < 4) {
+      EXPECT_TRUE(run["shard_weights"].empty()) << run;
+      EXPECT_LT(std::abs(bytes[0] / bytes[1] - 1.0), 0.06) << run;
+      EXPECT_LT(std::abs(bytes[0] / bytes[2] - 1.0), 0.06) << run;
+    } else {
+      EXPECT_EQ(run["shard_weights"], (std::vector<uint64_t>{666667, 333333, 1})) << run;
+      if (i == 4) {
+        EXPECT_NEAR(bytes[0] / bytes[2], 5.0 / 3.0, 0.1) << run;
+      }
+    }
+  }
+  EXPECT_EQ(j["runs"][0]["policy"].get<std::string>().rfind("int8+ef", 0), 0u) << j["runs"][0];
+  EXPECT_EQ(j["runs"][1]["policy"].get<std::string>().rfind("zstd", 0), 0u) << j["runs"][1];
+  // The gateways' own time split comes back for every mesh row.
+  EXPECT_GT(j["runs"][0]["gateway_ms_per_iter"]["allreduce"].get<double>(), 0.0) << j["runs"][0];
+  EXPECT_GT(j["runs"][0]["gateway_ms_per_iter"]["encode"].get<double>(), 0.0) << j["runs"][0];
+}
+
+TEST(AllReduceBench, LoopbackOverTls) {
+  std::vector<std::string> args = Common("int8");
+  args.insert(args.end(), {"--transport", "tls"});
+  const Result r = RunBench(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["transport"], "tls");
+  ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_EQ(j["runs"][0]["wrong"], 0);
+  EXPECT_EQ(j["runs"][0]["identical"], true);
+}
+
 TEST(AllReduceBench, BadFlagsAreUsageErrors) {
   EXPECT_EQ(RunBench({"allreduce", "--baseline", "tree"}).exit_code, 2);
   EXPECT_EQ(RunBench({"allreduce", "--regions", "1"}).exit_code, 2);
   EXPECT_EQ(RunBench({"allreduce", "--size", "1026"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--shards", "uneven"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--pair", "0:5=rate=1mbit"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--transport", "ssl"}).exit_code, 2);
 }
 
 }  // namespace
