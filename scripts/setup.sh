@@ -13,6 +13,11 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   # Tools the tests and benchmarks run.
   iproute2 iperf3 openssl procps
+  # Deploy and packaging tests: systemd-analyze, yamllint (and PyYAML for the manifest check),
+  # dpkg-shlibdeps for the .deb's dependencies.
+  systemd yamllint python3-yaml dpkg-dev
+  # promtool (checks straitd's /metrics output in the metrics integration test).
+  prometheus
 )
 
 missing=()

@@ -1,0 +1,60 @@
+# Installing the operator's files and packaging: `cmake --install` puts, under the prefix,
+#   bin/straitd, bin/strait-bench, bin/strait-wanem, bin/strait-certs
+#   lib/systemd/system/straitd.service, lib/sysusers.d/straitd.conf
+#   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
+#   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
+#   share/doc/strait/README.md, CHANGELOG.md
+# besides the headers, the CMake package and the NCCL plugin that their own directories install.
+# `cpack -G DEB` then makes strait_<version>_<arch>.deb from the same rules (prefix /usr);
+# its library dependencies come from dpkg-shlibdeps.
+include_guard(GLOBAL)
+
+set(STRAIT_DEPLOY_DIR ${PROJECT_SOURCE_DIR}/deploy)
+
+# The unit names /usr/bin/straitd (right for the .deb); other prefixes get their own path,
+# substituted when the install runs, because CPack installs with its own prefix (/usr).
+set(STRAIT_UNIT_OUT ${PROJECT_BINARY_DIR}/deploy/straitd.service)
+install(CODE "
+  file(READ \"${STRAIT_DEPLOY_DIR}/systemd/straitd.service\" unit)
+  string(REPLACE \"/usr/bin/straitd\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/straitd\"
+         unit \"\${unit}\")
+  file(WRITE \"${STRAIT_UNIT_OUT}\" \"\${unit}\")
+")
+install(FILES ${STRAIT_UNIT_OUT} DESTINATION lib/systemd/system)
+install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.sysusers DESTINATION lib/sysusers.d
+        RENAME straitd.conf)
+install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.env DESTINATION ${CMAKE_INSTALL_DATADIR}/strait)
+install(FILES ${STRAIT_DEPLOY_DIR}/examples/straitd.toml
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/examples)
+install(DIRECTORY ${STRAIT_DEPLOY_DIR}/kubernetes/ DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/kubernetes)
+install(PROGRAMS ${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh DESTINATION ${CMAKE_INSTALL_BINDIR}
+        RENAME strait-certs)
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
+
+# --- CPack: one .deb with everything above ----------------------------------------------------
+set(CPACK_PACKAGE_NAME strait)
+set(CPACK_PACKAGE_VENDOR "Strait")
+set(CPACK_PACKAGE_CONTACT "Strait maintainers <strait-maintainers@example.org>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "Cross-region communication for NCCL: straitd gateway, NCCL net plugin, tools")
+set(CPACK_PACKAGE_DESCRIPTION
+    "Strait carries the cross-region traffic of NCCL training jobs through region gateways \
+(straitd) over compressed, striped, mutually authenticated TLS links. This package holds \
+straitd with its systemd unit, the NCCL net plugin libnccl-net-strait.so, strait-bench, \
+strait-wanem, strait-certs, the C/C++ headers and the CMake package.")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # strait_<version>_<arch>.deb
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# Besides the libraries: strait-certs runs openssl; the maintainer scripts need passwd (useradd).
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "openssl, passwd")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+    ${STRAIT_DEPLOY_DIR}/debian/postinst ${STRAIT_DEPLOY_DIR}/debian/prerm
+    ${STRAIT_DEPLOY_DIR}/debian/postrm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+include(CPack)

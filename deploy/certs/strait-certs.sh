@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# strait-certs.sh: the cluster's certificate authority and one certificate per region gateway,
+# made with the openssl command-line tool, in the form straitd checks (lib/net/tls.cc):
+#   - every gateway trusts one cluster CA (straitd's tls.ca) and refuses certificates from others;
+#   - a gateway certificate names its region in exactly one SAN URI, strait://region/<region>,
+#     and straitd refuses a peer whose hello claims another region than its certificate names;
+#   - keys are EC P-256; gateway certificates carry digitalSignature and both serverAuth and
+#     clientAuth, because every gateway both dials and accepts (mutual TLS 1.3).
+#
+# Idempotent: running a command again keeps what is already there and valid, so it can sit in a
+# provisioning script. The CA is never replaced unless --force is given (a new CA means every
+# gateway certificate must be reissued and redistributed). Private keys are written 0600.
+set -euo pipefail
+
+PROG=$(basename "$0")
+DIR=.
+DAYS=""
+FORCE=0
+CA_NAME="strait-cluster-ca"
+REGION=""
+STEM=""
+EXTRA_SANS=()
+# A half-made CA or certificate (keys included) never stays behind when a step fails.
+SCRATCH=""
+trap '[[ -n $SCRATCH ]] && rm -rf "$SCRATCH"' EXIT
+# Gateway certificates within this many days of expiry are reissued by a plain re-run.
+RENEW_DAYS=30
+
+usage() {
+  cat <<EOF
+Usage:
+  $PROG ca      [--dir DIR] [--name CN] [--days N] [--force]
+  $PROG gateway --region REGION [--dir DIR] [--name STEM] [--san TYPE:VALUE]... [--days N]
+                [--force]
+  $PROG show    [--dir DIR] [FILE.pem]
+  $PROG help
+
+Makes the certificates straitd's [tls] section names (ca, cert, key):
+  ca       the cluster CA: DIR/ca.pem (give to every gateway as tls.ca) and DIR/ca.key (keep it
+           off the gateways). Kept as it is if it exists; --force replaces it, after which every
+           gateway certificate must be reissued. Default CN "$CA_NAME", 3650 days.
+  gateway  a gateway certificate signed by DIR/ca.pem: DIR/STEM.pem and DIR/STEM.key (STEM
+           defaults to REGION; give e.g. --name us-east-1 for the second gateway of a region).
+           SAN URI strait://region/REGION; extra SANs (e.g. --san DNS:gw0.example.org,
+           --san IP:10.0.0.7) are added for other tools, straitd does not need them. Kept if it
+           exists, was signed by this CA, names REGION and is valid for $RENEW_DAYS more days;
+           reissued otherwise or with --force. Default 365 days.
+  show     the subject, region, issuer and validity of FILE (default: every *.pem in DIR), and
+           whether it chains to DIR/ca.pem.
+
+REGION: 1-63 characters from a-z, 0-9, '.', '_' and '-' (the [region] straitd accepts).
+
+Example (two regions, CA kept on an admin machine):
+  $PROG ca --dir ./pki
+  $PROG gateway --dir ./pki --region us-east
+  $PROG gateway --dir ./pki --region eu-west
+  # copy ca.pem, us-east.pem, us-east.key to the us-east gateway's /etc/strait/tls/ (and so on)
+Rotation: re-run 'gateway' (it reissues what expires within $RENEW_DAYS days), copy the files, then
+'systemctl reload straitd' (SIGHUP): straitd uses them for new handshakes, links stay up.
+EOF
+}
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 2
+}
+note() { echo "$PROG: $*"; }
+
+need_openssl() {
+  command -v openssl >/dev/null ||
+    die "openssl is not installed; install it (Debian: apt-get install openssl)"
+}
+
+valid_region() {
+  [[ $1 =~ ^[a-z0-9._-]{1,63}$ ]]
+}
+
+# The regions a certificate names (SAN URIs strait://region/<name>), one a line.
+regions_of() {
+  openssl x509 -in "$1" -noout -ext subjectAltName 2>/dev/null |
+    grep -o 'URI:strait://region/[^, ]*' | sed 's|^URI:strait://region/||' || true
+}
+
+# Writes a private key with mode 0600 from the start (umask), never world-readable in between.
+new_key() {
+  (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null) ||
+    die "openssl could not generate a key into $1"
+}
+
+cmd_ca() {
+  [[ -z $DAYS ]] && DAYS=3650
+  local crt="$DIR/ca.pem" key="$DIR/ca.key"
+  if [[ -e $crt || -e $key ]] && ((FORCE == 0)); then
+    [[ -f $crt && -f $key ]] ||
+      die "only one of $crt and $key exists; restore the other, or give --force to make a new CA"
+    openssl x509 -in "$crt" -noout 2>/dev/null || die "$crt is not a PEM certificate; fix it or give --force"
+    note "CA exists, kept: $crt ($(openssl x509 -in "$crt" -noout -subject -enddate | paste -sd ' '))"
+    note "(give --force to replace it; every gateway certificate must then be reissued)"
+    return 0
+  fi
+  if ((FORCE == 1)) && [[ -e $crt ]]; then
+    note "replacing the CA in $DIR (--force): reissue every gateway certificate with --force"
+  fi
+  mkdir -p "$DIR"
+  local tmp
+  tmp=$(mktemp -d "$DIR/.ca.XXXXXX")
+  SCRATCH=$tmp
+  new_key "$tmp/ca.key"
+  openssl req -x509 -new -key "$tmp/ca.key" -sha256 -days "$DAYS" -subj "/CN=$CA_NAME" \
+    -addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -addext "subjectKeyIdentifier=hash" \
+    -out "$tmp/ca.pem" 2>"$tmp/err" || die "openssl could not make the CA: $(cat "$tmp/err")"
+  # Both files appear together (rename is atomic per file; key first, so a reader never sees a
+  # certificate without its key).
+  mv -f "$tmp/ca.key" "$key"
+  mv -f "$tmp/ca.pem" "$crt"
+  rm -rf "$tmp"
+  note "made CA $crt (key $key, $DAYS days): give ca.pem to every gateway, keep ca.key safe"
+}
+
+cmd_gateway() {
+  [[ -n $REGION ]] || die "gateway needs --region REGION (see '$PROG help')"
+  valid_region "$REGION" ||
+    die "region '$REGION' is not valid; allowed: 1-63 characters from a-z, 0-9, '.', '_', '-'"
+  [[ -z $STEM ]] && STEM=$REGION
+  [[ $STEM =~ ^[A-Za-z0-9._-]+$ ]] || die "--name '$STEM' must be a plain file stem (letters, digits, . _ -)"
+  [[ $STEM == ca ]] && die "--name ca would overwrite the CA; choose another name"
+  [[ -z $DAYS ]] && DAYS=365
+  local san="URI:strait://region/$REGION"
+  for s in "${EXTRA_SANS[@]}"; do
+    [[ $s =~ ^(DNS|IP|URI|email):.+$ ]] ||
+      die "--san '$s': allowed forms are DNS:name, IP:address, URI:uri, email:addr"
+    [[ $s == URI:strait://region/* ]] &&
+      die "--san '$s': the region URI comes from --region; a second one would make straitd" \
+        "refuse the certificate"
+    san+=",$s"
+  done
+  local ca="$DIR/ca.pem" cakey="$DIR/ca.key" crt="$DIR/$STEM.pem" key="$DIR/$STEM.key"
+  [[ -f $ca && -f $cakey ]] || die "no CA in $DIR (ca.pem and ca.key); make one first: $PROG ca --dir $DIR"
+  if [[ -f $crt && -f $key ]] && ((FORCE == 0)); then
+    local why=""
+    if ! openssl verify -CAfile "$ca" "$crt" >/dev/null 2>&1; then
+      why="it does not chain to $ca"
+    elif [[ $(regions_of "$crt") != "$REGION" ]]; then
+      why="it names region(s) '$(regions_of "$crt" | paste -sd ' ')' instead of '$REGION'"
+    elif ! openssl x509 -in "$crt" -noout -checkend $((RENEW_DAYS * 86400)) >/dev/null; then
+      why="it expires within $RENEW_DAYS days"
+    elif [[ $(openssl x509 -in "$crt" -noout -pubkey | openssl sha256) != \
+            $(openssl pkey -in "$key" -pubout | openssl sha256) ]]; then
+      why="$key does not match it"
+    fi
+    if [[ -z $why ]]; then
+      note "gateway certificate exists, kept: $crt (region $REGION, $(openssl x509 -in "$crt" -noout -enddate))"
+      return 0
+    fi
+    note "reissuing $crt: $why"
+  fi
+  local tmp
+  tmp=$(mktemp -d "$DIR/.gw.XXXXXX")
+  SCRATCH=$tmp
+  cat >"$tmp/ext" <<EOF
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature
+extendedKeyUsage=serverAuth,clientAuth
+subjectAltName=$san
+subjectKeyIdentifier=hash
+authorityKeyIdentifier=keyid
+EOF
+  new_key "$tmp/gw.key"
+  openssl req -new -key "$tmp/gw.key" -subj "/CN=straitd $STEM/O=strait region $REGION" \
+    -out "$tmp/gw.csr" 2>"$tmp/err" || die "openssl could not make the request: $(cat "$tmp/err")"
+  # A random 159-bit serial: certificates reissued for one region never share a serial.
+  openssl x509 -req -in "$tmp/gw.csr" -CA "$ca" -CAkey "$cakey" -sha256 \
+    -set_serial "0x$(openssl rand -hex 19 | sed 's/^[89a-f]/7/')" -days "$DAYS" \
+    -extfile "$tmp/ext" -out "$tmp/gw.pem" 2>"$tmp/err" ||
+    die "openssl could not sign the certificate: $(cat "$tmp/err")"
+  openssl verify -CAfile "$ca" "$tmp/gw.pem" >/dev/null 2>&1 || die "the new certificate does not verify against $ca"
+  mv -f "$tmp/gw.key" "$key"
+  mv -f "$tmp/gw.pem" "$crt"
+  rm -rf "$tmp"
+  note "made gateway certificate $crt (key $key, region $REGION, $DAYS days)"
+}
+
+show_one() {
+  local f=$1
+  openssl x509 -in "$f" -noout 2>/dev/null || { echo "$f: not a PEM certificate"; return 0; }
+  local regions chain="no CA in $DIR to check against"
+  regions=$(regions_of "$f" | paste -sd ' ')
+  if [[ -f $DIR/ca.pem ]]; then
+    if openssl verify -CAfile "$DIR/ca.pem" "$f" >/dev/null 2>&1; then chain="chains to $DIR/ca.pem"
+    else chain="does NOT chain to $DIR/ca.pem"; fi
+  fi
+  echo "$f:"
+  openssl x509 -in "$f" -noout -subject -issuer -startdate -enddate | sed 's/^/  /'
+  echo "  regions: ${regions:-(none: not a gateway certificate)}"
+  echo "  $chain"
+}
+
+cmd_show() {
+  if (($# > 0)); then
+    for f in "$@"; do show_one "$f"; done
+    return 0
+  fi
+  shopt -s nullglob
+  local files=("$DIR"/*.pem)
+  ((${#files[@]} > 0)) || die "no *.pem in $DIR"
+  for f in "${files[@]}"; do show_one "$f"; done
+}
+
+(($# >= 1)) || { usage >&2; exit 2; }
+CMD=$1
+shift
+ARGS=()
+while (($# > 0)); do
+  case $1 in
+    --dir) DIR=${2:?--dir needs a value}; shift 2 ;;
+    --days)
+      DAYS=${2:?--days needs a value}
+      [[ $DAYS =~ ^[1-9][0-9]{0,4}$ ]] || die "--days '$DAYS': allowed: a whole number of days, 1-99999"
+      shift 2 ;;
+    --name)
+      if [[ $CMD == ca ]]; then CA_NAME=${2:?--name needs a value}; else STEM=${2:?--name needs a value}; fi
+      shift 2 ;;
+    --region) REGION=${2:?--region needs a value}; shift 2 ;;
+    --san) EXTRA_SANS+=("${2:?--san needs a value}"); shift 2 ;;
+    --force) FORCE=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) die "unknown option '$1' (see '$PROG help')" ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+
+case $CMD in
+  ca) need_openssl; ((${#ARGS[@]} == 0)) || die "unexpected argument '${ARGS[0]}'"; cmd_ca ;;
+  gateway) need_openssl; ((${#ARGS[@]} == 0)) || die "unexpected argument '${ARGS[0]}'"; cmd_gateway ;;
+  show) need_openssl; cmd_show "${ARGS[@]}" ;;
+  help | -h | --help) usage ;;
+  *) echo "$PROG: error: unknown command '$CMD'" >&2; usage >&2; exit 2 ;;
+esac

@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Checks deploy/kubernetes against what straitd and the plugin actually accept.
+
+Usage: check_kubernetes.py STRAITD DEPLOY_DIR
+
+- every manifest parses and has the kind we ship (Namespace, ConfigMap, Secret, DaemonSet,
+  StatefulSet, Service, Job, Kustomization), and the kustomization lists files that exist;
+- the gateways (DaemonSet and StatefulSet) declare the WAN port the ConfigMap's wan.listen uses
+  and the port `metrics` its metrics.listen uses (not a loopback address: the kubelet probes the
+  pod IP); readiness is httpGet /readyz and liveness httpGet /healthz, startup httpGet /healthz
+  (never /readyz, which fails while peers are down) or tcpSocket, each on a declared container
+  port that is the metrics port; the pod template carries prometheus.io/scrape, port and path
+  annotations for that port and /metrics; they mount the ConfigMap, the TLS Secret and the socket
+  directory at the paths the config names, and render the config with an init container that
+  runs `straitd --check-config`;
+- the probe checks are real: copies of the DaemonSet with a wrong probe path, an undeclared
+  probe port or a TCP readiness probe fail them;
+- the Service selects the StatefulSet's pods and is its serviceName, on the WAN and metrics ports;
+- the Secret holds every file the config's [tls] section names;
+- the example Job sets NCCL_NET_PLUGIN=strait and every STRAIT_* variable, STRAIT_GATEWAY is the
+  config's local.socket, LD_LIBRARY_PATH holds the directory the plugin is copied into, and its
+  user is one the config's local.allowed_uids/gids lets in;
+- the ConfigMap's straitd.toml and deploy/examples/straitd.toml pass `straitd --check-config`
+  (so every key used exists in the parser), and the same file with one misspelt key fails it
+  (so the check is real).
+Prints one line per failed check and exits 1 if any failed.
+"""
+import copy
+import ipaddress
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+import yaml
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def load(path):
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    check(len(docs) == 1, f"{path}: expected one YAML document, found {len(docs)}")
+    return docs[0]
+
+
+def check_config(straitd, text, name):
+    """Runs straitd --check-config on `text`; returns (exit status, output)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+        path = f.name
+    try:
+        r = subprocess.run([straitd, "--check-config", path], capture_output=True, text=True,
+                           timeout=30)
+        return r.returncode, (r.stdout + r.stderr).strip()
+    finally:
+        os.unlink(path)
+
+
+def container(pod_spec, name, init=False):
+    key = "initContainers" if init else "containers"
+    for c in pod_spec.get(key, []):
+        if c["name"] == name:
+            return c
+    return None
+
+
+def mount_path(c, volume):
+    for m in c.get("volumeMounts", []):
+        if m["name"] == volume:
+            return m["mountPath"]
+    return None
+
+
+def volume(pod_spec, name):
+    for v in pod_spec.get("volumes", []):
+        if v["name"] == name:
+            return v
+    return None
+
+
+def failures_of(fn, *args):
+    """Runs fn(*args) with its own failure list; returns that list (the real one is untouched)."""
+    global failures
+    saved, failures = failures, []
+    try:
+        fn(*args)
+        return failures
+    finally:
+        failures = saved
+
+
+# Which HTTP path each probe of the gateway must ask; None: httpGet not required (tcpSocket or
+# exec allowed), but if it is httpGet it must ask the given path.
+PROBE_PATHS = {
+    "readinessProbe": ("/readyz", True),
+    "livenessProbe": ("/healthz", True),
+    "startupProbe": ("/healthz", False),
+}
+
+
+def check_probes(where, c, ports, metrics_port):
+    """The probes of container c: declared ports, HTTP paths (see PROBE_PATHS)."""
+    for probe, (path, need_http) in PROBE_PATHS.items():
+        p = c.get(probe)
+        if not check(p is not None, f"{where}: straitd has no {probe}"):
+            continue
+        if "httpGet" in p:
+            get = p["httpGet"]
+            port = get.get("port")
+            declared = port in ports or (isinstance(port, int) and port in ports.values())
+            check(declared,
+                  f"{where}: {probe} probes port {port!r}, which the container does not declare")
+            number = ports.get(port, port)
+            check(not declared or metrics_port is None or number == metrics_port,
+                  f"{where}: {probe} probes port {port!r} ({number}), not the metrics port "
+                  f"{metrics_port} where straitd serves HTTP")
+            check(get.get("path") == path,
+                  f"{where}: {probe} asks {get.get('path')!r}; it must ask {path}")
+            check(get.get("scheme", "HTTP") == "HTTP",
+                  f"{where}: {probe} uses scheme {get.get('scheme')}; straitd serves plain HTTP")
+        elif need_http:
+            check(False, f"{where}: {probe} is not httpGet {path} on the metrics port")
+        elif "tcpSocket" in p:
+            port = p["tcpSocket"]["port"]
+            check(port in ports or port in ports.values(),
+                  f"{where}: {probe} probes port {port!r}, which the container does not declare")
+        else:
+            check("exec" in p, f"{where}: {probe} is neither tcpSocket, httpGet nor exec")
+
+
+def check_gateway(kind, obj, config, cm_name, secret):
+    where = f"{kind} {obj['metadata']['name']}"
+    pod = obj["spec"]["template"]["spec"]
+    labels = obj["spec"]["template"]["metadata"]["labels"]
+    sel = obj["spec"]["selector"]["matchLabels"]
+    check(all(labels.get(k) == v for k, v in sel.items()),
+          f"{where}: selector {sel} does not match the pod labels {labels}")
+    c = container(pod, "straitd")
+    if not check(c is not None, f"{where}: no container named straitd"):
+        return
+    wan_port = int(config["wan"]["listen"].rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(ports.get("wan") == wan_port,
+          f"{where}: container port 'wan' is {ports.get('wan')}, the config listens on {wan_port}")
+    # The HTTP server (metrics, probes) must exist and be reachable on the pod IP.
+    metrics_listen = config.get("metrics", {}).get("listen")
+    metrics_port = None
+    if check(metrics_listen, f"{where}: the ConfigMap's straitd.toml has no [metrics] listen, "
+             "so nothing serves /healthz and /readyz"):
+        host, metrics_port = metrics_listen.rsplit(":", 1)
+        metrics_port = int(metrics_port)
+        check(not ipaddress.ip_address(host.strip("[]")).is_loopback,
+              f"{where}: metrics.listen {metrics_listen} is loopback; the kubelet probes the "
+              "pod IP (the node's, with hostNetwork)")
+        check(ports.get("metrics") == metrics_port,
+              f"{where}: container port 'metrics' is {ports.get('metrics')}, the config's "
+              f"metrics.listen port is {metrics_port}")
+    check_probes(where, c, ports, metrics_port)
+    ann = obj["spec"]["template"]["metadata"].get("annotations", {})
+    want_ann = {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics"}
+    if metrics_port is not None:
+        want_ann["prometheus.io/port"] = str(metrics_port)
+    for k, v in want_ann.items():
+        check(ann.get(k) == v,
+              f"{where}: pod template annotation {k} is {ann.get(k)!r}, expected {v!r}")
+    # The config file straitd reads is the one the init container rendered.
+    args = c.get("args", []) + c.get("command", [])
+    check("--config" in args, f"{where}: straitd is not started with --config")
+    config_file = args[args.index("--config") + 1] if "--config" in args else ""
+    render = container(pod, "render-config", init=True)
+    if check(render is not None, f"{where}: no init container render-config"):
+        script = " ".join(render.get("command", []) + render.get("args", []))
+        check(f"--check-config {config_file}" in script,
+              f"{where}: render-config does not run straitd --check-config {config_file}")
+        tmpl = volume(pod, "config-template")
+        check(tmpl is not None and tmpl.get("configMap", {}).get("name") == cm_name,
+              f"{where}: volume config-template is not ConfigMap {cm_name}")
+        check(mount_path(render, "config") == os.path.dirname(config_file),
+              f"{where}: render-config does not write into {os.path.dirname(config_file)}")
+    check(mount_path(c, "config") == os.path.dirname(config_file),
+          f"{where}: straitd does not mount the rendered config at {os.path.dirname(config_file)}")
+    # TLS files at the paths the config names, from the Secret.
+    tls = volume(pod, "tls")
+    if check(tls is not None and tls.get("secret", {}).get("secretName") ==
+             secret["metadata"]["name"], f"{where}: volume tls is not Secret "
+             f"{secret['metadata']['name']}"):
+        tls_dir = mount_path(c, "tls")
+        for key in ("ca", "cert", "key"):
+            path = config["tls"][key]
+            check(os.path.dirname(path) == tls_dir,
+                  f"{where}: tls.{key} = {path} is not under the Secret's mount {tls_dir}")
+    # The local socket's directory is the node's, shared with the training pods.
+    sock_dir = os.path.dirname(config["local"]["socket"])
+    sv = volume(pod, "socket-dir")
+    check(sv is not None and sv.get("hostPath", {}).get("path") == sock_dir,
+          f"{where}: volume socket-dir is not hostPath {sock_dir}")
+    check(mount_path(c, "socket-dir") == sock_dir,
+          f"{where}: straitd does not mount socket-dir at {sock_dir}")
+    check(pod.get("hostNetwork") is True,
+          f"{where}: hostNetwork is not true (peers are configured by node address)")
+    sc = pod.get("securityContext", {})
+    check(sc.get("runAsNonRoot") is True, f"{where}: pod does not set runAsNonRoot")
+    check(c.get("securityContext", {}).get("allowPrivilegeEscalation") is False,
+          f"{where}: straitd may escalate privileges")
+    return sc
+
+
+def main():
+    straitd, deploy = sys.argv[1], sys.argv[2]
+    kdir = os.path.join(deploy, "kubernetes")
+    objs = {}
+    for name in sorted(os.listdir(kdir)):
+        if name.endswith(".yaml"):
+            objs[name] = load(os.path.join(kdir, name))
+    kinds = {o["kind"]: (name, o) for name, o in objs.items()}
+    want = ["Namespace", "ConfigMap", "Secret", "DaemonSet", "StatefulSet", "Service", "Job",
+            "Kustomization"]
+    for k in want:
+        check(k in kinds, f"no manifest of kind {k} in {kdir}")
+    check(sorted(kinds) == sorted(want), f"kinds {sorted(kinds)}; expected {sorted(want)}")
+    if failures:
+        return report()
+
+    kust = kinds["Kustomization"][1]
+    for r in kust["resources"]:
+        check(os.path.exists(os.path.join(kdir, r)), f"kustomization lists missing file {r}")
+
+    cm = kinds["ConfigMap"][1]
+    text = cm["data"]["straitd.toml"]
+    config = tomllib.loads(text)
+    rc, out = check_config(straitd, text, "configmap")
+    check(rc == 0, f"ConfigMap straitd.toml fails straitd --check-config: {out}")
+    # The init containers replace this line; it must be there exactly once.
+    check(sum(1 for l in text.splitlines() if l.startswith("shard_index = ")) == 1,
+          "ConfigMap straitd.toml has no single 'shard_index = ' line for render-config")
+    bad = text.replace("[link]\n", "[link]\nstreems = 4\n", 1)
+    check(bad != text, "ConfigMap straitd.toml has no [link] section for the negative check")
+    rc, out = check_config(straitd, bad, "misspelt")
+    check(rc != 0 and "streems" in out,
+          f"straitd --check-config accepted a misspelt key (rc {rc}): {out}")
+    with open(os.path.join(deploy, "examples", "straitd.toml")) as f:
+        rc, out = check_config(straitd, f.read(), "example")
+    check(rc == 0, f"deploy/examples/straitd.toml fails straitd --check-config: {out}")
+
+    secret = kinds["Secret"][1]
+    for key in ("ca", "cert", "key"):
+        fname = os.path.basename(config["tls"][key])
+        check(fname in secret.get("stringData", {}) or fname in secret.get("data", {}),
+              f"Secret has no key {fname} (tls.{key})")
+    check("BEGIN PRIVATE KEY-----\n" not in str(secret) or "REPLACE" in str(secret),
+          "secret.yaml holds what looks like a real key; it must stay a template")
+
+    ds = kinds["DaemonSet"][1]
+    ss = kinds["StatefulSet"][1]
+    check_gateway("DaemonSet", ds, config, cm["metadata"]["name"], secret)
+    check_gateway("StatefulSet", ss, config, cm["metadata"]["name"], secret)
+    # The probe checks must be able to fail: break the DaemonSet's probes one way at a time.
+    def broken(mutate):
+        bad = copy.deepcopy(ds)
+        mutate(container(bad["spec"]["template"]["spec"], "straitd"))
+        return failures_of(check_gateway, "DaemonSet", bad, config, cm["metadata"]["name"],
+                           secret)
+    mutations = {
+        "readiness path /healthz": lambda c: c["readinessProbe"]["httpGet"].update(
+            path="/healthz"),
+        "liveness on an undeclared port": lambda c: c["livenessProbe"]["httpGet"].update(
+            port="metricz"),
+        "readiness tcpSocket on wan": lambda c: c.update(
+            readinessProbe={"tcpSocket": {"port": "wan"}}),
+        "startup on /readyz": lambda c: c["startupProbe"].update(
+            httpGet={"path": "/readyz", "port": "metrics"}),
+    }
+    for what, mutate in mutations.items():
+        try:
+            caught = broken(mutate)
+        except (KeyError, TypeError) as e:  # a probe is not httpGet as the mutation expects
+            check(False, f"self-test '{what}': the DaemonSet's probes are not httpGet ({e!r})")
+            continue
+        check(caught, f"self-test: a DaemonSet with {what} passes the probe checks")
+    # Sidecar mode needs the node -> shard map the init container reads.
+    ds_script = " ".join(container(ds["spec"]["template"]["spec"], "render-config", True)
+                         ["command"])
+    check("shards" in ds_script and "shards" in cm["data"],
+          "DaemonSet render-config or ConfigMap lacks the node -> shard map `shards`")
+    for line in cm["data"].get("shards", "").splitlines():
+        parts = line.split()
+        check(len(parts) == 2 and parts[1].isdigit(), f"ConfigMap shards: bad line {line!r}")
+
+    svc = kinds["Service"][1]
+    pool_labels = ss["spec"]["template"]["metadata"]["labels"]
+    check(all(pool_labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
+          "Service selector does not select the StatefulSet's pods")
+    check(ss["spec"]["serviceName"] == svc["metadata"]["name"],
+          "StatefulSet serviceName is not the Service")
+    wan_port = int(config["wan"]["listen"].rsplit(":", 1)[1])
+    check(any(p["port"] == wan_port and p.get("targetPort") in ("wan", wan_port)
+              for p in svc["spec"]["ports"]), f"Service has no port {wan_port} -> wan")
+    if config.get("metrics", {}).get("listen"):
+        mport = int(config["metrics"]["listen"].rsplit(":", 1)[1])
+        check(any(p["port"] == mport and p.get("targetPort") in ("metrics", mport)
+                  for p in svc["spec"]["ports"]), f"Service has no port {mport} -> metrics")
+    check(ss["spec"]["replicas"] == max(1, len(config["peers"].get(config["region"], {}))),
+          "StatefulSet replicas differ from the number of [peers.<own region>] gateways")
+
+    job = kinds["Job"][1]
+    jpod = job["spec"]["template"]["spec"]
+    train = jpod["containers"][0]
+    env = {e["name"]: e.get("value") for e in train.get("env", [])}
+    check(env.get("NCCL_NET_PLUGIN") == "strait", "Job does not set NCCL_NET_PLUGIN=strait")
+    for var in ("STRAIT_REGION", "STRAIT_GATEWAY", "STRAIT_JOB_ID", "STRAIT_COMPRESSION"):
+        check(env.get(var), f"Job does not set {var}")
+    check(env.get("STRAIT_REGION") == config["region"],
+          f"Job's STRAIT_REGION {env.get('STRAIT_REGION')} is not the gateway's region")
+    check(env.get("STRAIT_GATEWAY") == config["local"]["socket"],
+          f"Job's STRAIT_GATEWAY {env.get('STRAIT_GATEWAY')} is not local.socket")
+    check(env.get("STRAIT_COMPRESSION") in ("auto", "none", "zstd", "int8", "int4", "fp8"),
+          "Job's STRAIT_COMPRESSION is not a value the plugin accepts")
+    lib_dir = mount_path(train, "strait-lib")
+    check(lib_dir and lib_dir in (env.get("LD_LIBRARY_PATH") or "").split(":"),
+          "Job's LD_LIBRARY_PATH does not hold the plugin's directory")
+    init = container(jpod, "strait-plugin", init=True)
+    check(init is not None and mount_path(init, "strait-lib") == lib_dir and
+          "libnccl-net-strait.so" in " ".join(init["command"]),
+          "Job has no init container copying libnccl-net-strait.so into the plugin directory")
+    check(mount_path(train, "strait-socket") == os.path.dirname(config["local"]["socket"]),
+          "Job does not mount the gateway's socket directory")
+    jsc = jpod.get("securityContext", {})
+    check(jsc.get("runAsUser") in config["local"].get("allowed_uids", []) or
+          jsc.get("runAsGroup") in config["local"].get("allowed_gids", []),
+          "Job's runAsUser/runAsGroup is not in local.allowed_uids/allowed_gids")
+    gw_gid = ds["spec"]["template"]["spec"]["securityContext"].get("runAsGroup")
+    check(gw_gid in jsc.get("supplementalGroups", []),
+          f"Job lacks supplemental group {gw_gid} needed for the 0660 socket")
+    return report()
+
+
+def report():
+    for f in failures:
+        print("FAIL:", f)
+    print(f"check_kubernetes: {'%d failed' % len(failures) if failures else 'all checks passed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
