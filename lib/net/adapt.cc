@@ -194,12 +194,12 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
         return current_;
       }
       // The doubling did not pay. Streams fighting over one queue show as more
-      // retransmissions and less goodput: then fewer streams than the base may do better,
+      // retransmissions and clearly less goodput: then fewer streams than the base may do better,
       // unless the base was itself reached by a doubling that paid (half of it is known to be
       // worse). Where goodput merely stayed level, going back to the base is enough: every
       // step down costs a dip while the remaining streams grow into the freed share.
       if (!base_gained_ && retrans > base_retrans_ * (1 + kRetransRise) + kRetransFloorPerS &&
-          goodput < base_goodput_ * (1 - kDownTolerance) && base_k_ > min_) {
+          goodput < base_goodput_ * (1 - kShrinkLoss) && base_k_ > min_) {
         phase_ = Phase::kShrinking;
         current_ = std::max(min_, base_k_ / 2);
         return current_;

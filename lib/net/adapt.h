@@ -90,7 +90,7 @@ uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t curre
 //     to K (kLinearScaling), the next step quadruples K, so that loss-bound streams reach tens
 //     within the first seconds of a transfer.
 //   - A doubling that did not pay goes back to the K before it. If it also raised the
-//     retransmission rate (by more than a quarter) and lowered goodput (by more than 3%), the
+//     retransmission rate (by more than a quarter) and lowered goodput (by more than 10%), the
 //     streams were fighting over a queue rather than a cap, and unless that K was itself
 //     reached by a doubling that paid, the controller probes downwards: K/2, K/4, ... while
 //     goodput stays within 3% of the best, so that BBR, which fills a path with one stream and
@@ -112,6 +112,9 @@ class StreamCountController {
   static constexpr int kRoundsPerStep = 2;
   // A step down is kept while goodput stays within this fraction of the best seen.
   static constexpr double kDownTolerance = 0.03;
+  // A failed doubling probes below its base only when it lost this much goodput: a smaller loss
+  // is within what two rounds on a shared path vary by, and every step down costs a dip.
+  static constexpr double kShrinkLoss = 0.10;
   // A doubling that raised retransmissions per second by more than this fraction (and by at
   // least kRetransFloorPerS) without paying in goodput starts a downward probe.
   static constexpr double kRetransRise = 0.25;
