@@ -240,6 +240,24 @@ StatusOr<PluginConfig> ParseConfig(const EnvGetter& env) {
     }
     c.connect_timeout_ns = *ns;
   }
+  if (auto v = env("STRAIT_WAN_LATENCY_US")) {
+    char* end = nullptr;
+    const double us = std::strtod(v->c_str(), &end);
+    if (v->empty() || *end != '\0' || !(us >= 0 && us <= 1e7)) {
+      return Bad("STRAIT_WAN_LATENCY_US", *v,
+                 "the cross-region one-way latency in microseconds, 0 to 10000000 (e.g. 20000)");
+    }
+    c.wan_latency_us = us;
+  }
+  if (auto v = env("STRAIT_WAN_SPEED_MBPS")) {
+    char* end = nullptr;
+    const long n = std::strtol(v->c_str(), &end, 10);
+    if (v->empty() || *end != '\0' || n < 1 || n > 10'000'000) {
+      return Bad("STRAIT_WAN_SPEED_MBPS", *v,
+                 "the cross-region link speed in Mbit/s, an integer from 1 to 10000000");
+    }
+    c.wan_speed_mbps = static_cast<int>(n);
+  }
   return c;
 }
 

@@ -8,8 +8,12 @@
 //   STRAIT_REGION        this rank's region name (1-63 of letters, digits, '-', '_', '.')
 //   STRAIT_REGION_MAP    "10.1.0.0/16=us-east,10.2.0.7=eu-west,fd00::/8=ap-south": used when
 //                        STRAIT_REGION is unset, looked up with the rank's own address
-//   STRAIT_GATEWAY       the local straitd's Unix socket (absolute path); used by cross-region
-//                        connections, which this build does not make yet
+//   STRAIT_GATEWAY       the local straitd's Unix socket (absolute path): cross-region
+//                        connections go through its tunnels
+//   STRAIT_WAN_LATENCY_US  the latency (us) getProperties reports: 0-10000000 (default 0
+//                        without STRAIT_GATEWAY, else 10000)
+//   STRAIT_WAN_SPEED_MBPS  the speed (Mbit/s) getProperties reports: 1-10000000 (default: the
+//                        interface's speed)
 //   STRAIT_JOB_ID        the job's name at the gateway (1-64 of letters, digits, '-', '_', '.')
 //   STRAIT_COMPRESSION   auto | none | zstd | int8 | int4 | fp8 (the job's cross-region policy)
 //   STRAIT_SOCKET_IFNAME interfaces to use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes,
@@ -55,7 +59,13 @@ struct PluginConfig {
   std::string socket_ifname;  // empty: default choice
   int nsocks = 4;
   int64_t connect_timeout_ns = int64_t{60} * 1000 * 1000 * 1000;
+  std::optional<double> wan_latency_us;  // unset: the default (see above)
+  std::optional<int> wan_speed_mbps;     // unset: the interface's speed
 };
+
+// What getProperties reports for latency when STRAIT_WAN_LATENCY_US is unset and STRAIT_GATEWAY is
+// set: a one-way latency typical of regions on one continent.
+constexpr double kDefaultWanLatencyUs = 10000;
 
 // Returns the value of an environment variable, or nullopt when it is unset.
 using EnvGetter = std::function<std::optional<std::string>(const char* name)>;

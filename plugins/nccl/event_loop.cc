@@ -1,6 +1,9 @@
 // The libuv loop thread and its cross-thread queue.
 #include "plugins/nccl/event_loop.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <condition_variable>
 
 namespace strait::nccl {
@@ -23,7 +26,16 @@ Status EventLoop::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = false;
   }
+  // A peer (or the gateway) that goes away turns the loop's next write into SIGPIPE, whose
+  // default action would kill the rank; the loop thread blocks it and sees EPIPE instead. The
+  // thread inherits the mask at creation; the caller's own mask is restored at once.
+  sigset_t pipe_only;
+  sigset_t previous;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
   thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return Status::Ok();
 }
 

@@ -1,15 +1,21 @@
-// The listen handle NCCL copies from a receiver to its sender (at most 128 bytes), and the small
-// wire messages that open a connection. Both are versioned wire formats: fields are little-endian
+// The listen handle NCCL copies from a receiver to its sender (at most 128 bytes), the small
+// wire messages that open a direct connection, and the few frames of straitd's local protocol the
+// plugin speaks for cross-region tunnels. All are versioned wire formats: fields are little-endian
 // at fixed offsets, and the version is checked before anything else is read.
 //
-// Listen handle, version 1 (offsets in bytes):
-//    0 u32 magic "STRH"     4 u16 version (1)     6 u8 address family (4 or 6)   7 u8 region length
-//    8 u64 listener nonce  16 16 bytes address   32 u16 port   34 u16 reserved (0)
-//   36 64 bytes region name (zero-padded)        100 u32 checksum (FNV-1a of bytes 0-99)
-//  104 u64 connector scratch: written by the *connecting* side into its own copy of the handle to
+// Listen handle, version 2 (offsets in bytes):
+//    0 u32 magic "STRH"     4 u16 version (2)     6 u8 address family (4 or 6)   7 u8 region length
+//    8 u64 listener nonce  16 16 bytes address   32 u16 port
+//   34 u8 flags (bit 0: the listener also listens on its gateway's tunnel; the fields at 100 and
+//      104 are valid and `region` is the gateway's region)   35 u8 reserved (0)
+//   36 64 bytes region name (zero-padded)
+//  100 u32 gateway shard index   104 u64 gateway listen id (kTunnelConnect's fields)
+//  112 u32 checksum (FNV-1a of bytes 0-111)   116 u32 reserved (0)
+//  120 u64 connector scratch: written by the *connecting* side into its own copy of the handle to
 //      find its in-progress connection on the next connect() call (NCCL passes the same buffer
 //      every retry); zero as produced by listen(). Not covered by the checksum.
-//  112-127 reserved (0)
+// Version 1 (the first slice) had no tunnel fields and its checksum at 100; it is refused with a
+// message saying to run one plugin version on every rank.
 // A handle that fails any check (garbage, another plugin's, a future version) is rejected with an
 // InvalidArgument that says which check failed.
 //
@@ -23,6 +29,13 @@
 //      receiver's k-th posted buffer with this tag)   8 u64 message size   16 u64 offset
 //   24 u32 length   28 i32 tag
 // Every message sends at least one chunk (a zero-byte message sends one with length 0).
+//
+// Through a gateway tunnel (straitd's local protocol version 1, lib/gateway/local_protocol.h: a
+// frame is u32 body length + body, the body starts with a type byte) a chunk travels as one
+// kTunnelData frame: body = u8 8, u32 tag, then the same 32-byte chunk header and its payload
+// (kTunnelDataHead bytes precede the payload on the wire). So the receiver places tunnel chunks
+// with the same code as TCP chunks. The plugin writes the local-protocol frames itself (it does
+// not link the gateway library); tests check them against the gateway's own decoder.
 #ifndef STRAIT_PLUGINS_NCCL_HANDLE_H_
 #define STRAIT_PLUGINS_NCCL_HANDLE_H_
 
@@ -32,20 +45,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strait/status.h"
 
 namespace strait::nccl {
 
 constexpr uint32_t kHandleMagic = 0x48525453;  // "STRH" little-endian
-constexpr uint16_t kHandleVersion = 1;
+constexpr uint16_t kHandleVersion = 2;
 constexpr size_t kHandleSize = 128;
-constexpr size_t kHandleScratchOffset = 104;
+constexpr size_t kListenChecksumOffset = 112;
+constexpr size_t kHandleScratchOffset = 120;
+static_assert(kHandleScratchOffset + 8 <= kHandleSize, "the scratch must fit in the handle");
+static_assert(kHandleSize <= 128, "NCCL_NET_HANDLE_MAXSIZE is 128 bytes");
 
 struct ListenHandle {
   uint64_t nonce = 0;
   sockaddr_storage addr = {};  // address and port
   std::string region;          // empty: the listener's region is unknown
+  // The gateway tunnel listen next to the TCP listener (STRAIT_GATEWAY set at the listener).
+  bool tunnel = false;
+  uint32_t gateway_shard = 0;
+  uint64_t listen_id = 0;
 };
 
 // Writes `h` into `out` (kHandleSize bytes; the scratch is zeroed).
@@ -92,6 +113,55 @@ struct ChunkHeader {
 };
 void EncodeChunkHeader(const ChunkHeader& h, unsigned char out[kChunkHeaderSize]);
 ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]);
+
+// ---- straitd's local protocol (the frames the plugin needs; version 1) ----
+constexpr uint32_t kLocalMagic = 0x504C5453;  // "STLP"
+constexpr uint16_t kLocalVersion = 1;
+enum class LocalType : uint8_t {
+  kHello = 1,
+  kTunnelListen = 5,
+  kTunnelConnect = 6,
+  kTunnelAccept = 7,
+  kTunnelData = 8,
+  kTunnelClose = 9,
+  kReply = 128,
+};
+// Frame prefix of a tunnel chunk: u32 body length, u8 kTunnelData, u32 tag, chunk header.
+constexpr size_t kTunnelFramePrefix = 5;  // length + type: enough to know what follows
+constexpr size_t kTunnelDataHead = 4 + 1 + 4 + kChunkHeaderSize;
+// Control frames (replies, close) the plugin accepts are at most this long (body).
+constexpr uint32_t kMaxControlBody = 64 * 1024;
+
+// Whole frames (length prefix included).
+std::vector<unsigned char> EncodeLocalHello(const std::string& client_name);
+std::vector<unsigned char> EncodeTunnelListen();
+std::vector<unsigned char> EncodeTunnelConnect(const std::string& region, uint32_t shard,
+                                               uint64_t listen_id, uint32_t timeout_ms);
+std::vector<unsigned char> EncodeTunnelAccept(uint64_t tunnel_id);
+std::vector<unsigned char> EncodeTunnelClose(StatusCode code, const std::string& reason);
+// The kTunnelDataHead bytes before a chunk's payload.
+void EncodeTunnelDataHead(const ChunkHeader& h, unsigned char out[kTunnelDataHead]);
+
+// A kReply body (without the length prefix). kDataLoss when truncated, kInvalidArgument when it
+// is not a reply or carries an unknown code.
+struct LocalReply {
+  LocalType reply_to = LocalType::kHello;
+  StatusCode code = StatusCode::kOk;
+  std::string text;
+  std::vector<unsigned char> data;
+};
+StatusOr<LocalReply> DecodeLocalReply(const unsigned char* body, size_t size);
+// A kTunnelClose body: the code and reason the gateway ended the tunnel with.
+StatusOr<LocalReply> DecodeTunnelClose(const unsigned char* body, size_t size);
+
+// The data of a kReply to kTunnelListen.
+struct TunnelEvent {
+  uint8_t kind = 0;  // 1 listening, 2 incoming
+  uint64_t id = 0;
+  uint32_t shard = 0;
+  std::string region;
+};
+StatusOr<TunnelEvent> DecodeTunnelEvent(const std::vector<unsigned char>& data);
 
 }  // namespace strait::nccl
 

@@ -2,13 +2,16 @@
 // argument and property types and call the one internal API (api.h). Nothing else in the library
 // is visible (hidden visibility plus exports.map).
 //
-// CollNet and the tuner are not exported yet: NCCL probes for them separately and simply finds
-// none. makeVDevice is NULL (one device; NCCL then does not merge devices).
+// The CollNet tables (v11, v10, v8) adapt to collnet.h the same way; they share init, devices,
+// getProperties and finalize with the net tables, so NCCL sees the same device list under the
+// same names (it merges CollNet and net devices by name). The tuner is not exported yet.
+// makeVDevice is NULL (one device; NCCL then does not merge devices).
 #include <cstring>
 #include <mutex>
 #include <string>
 
 #include "plugins/nccl/api.h"
+#include "plugins/nccl/collnet.h"
 #include "plugins/nccl/nccl_net.h"
 
 namespace strait::nccl {
@@ -189,6 +192,68 @@ ncclResult_t IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** 
   return api::Irecv(c, n, data, nullptr, sizes, tags, request);
 }
 
+// ---- CollNet (all versions) ----
+ncclResult_t CollInitV11(void** ctx, uint64_t /*comm_id*/, ncclDebugLogger_t logger) {
+  if (ctx == nullptr) {
+    api::Warn("CollNet init", "ctx is NULL");
+    return ncclInvalidArgument;
+  }
+  return api::Init(ctx, logger);
+}
+ncclResult_t CollInitNoCtx(ncclDebugLogger_t logger) {
+  return api::Init(nullptr, logger);
+}
+ncclResult_t CollListenV11(void* /*ctx*/, int dev, void* handle, void** listen_comm) {
+  return collnet::Listen(dev, handle, listen_comm);
+}
+ncclResult_t CollListenNoCtx(int dev, void* handle, void** listen_comm) {
+  return collnet::Listen(dev, handle, listen_comm);
+}
+ncclResult_t CollConnect(void* handles[], int nranks, int rank, void* listen_comm,
+                         void** coll_comm) {
+  return collnet::Connect(handles, nranks, rank, listen_comm, coll_comm);
+}
+ncclResult_t CollReduceSupport(ncclDataType_t dtype, ncclRedOp_t op, int* supported) {
+  return collnet::ReduceSupport(static_cast<int>(dtype), static_cast<int>(op), supported);
+}
+ncclResult_t CollRegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return collnet::RegMr(comm, data, size, type, mhandle);
+}
+ncclResult_t CollRegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
+                             int /*fd*/, void** mhandle) {
+  return collnet::RegMr(comm, data, size, type, mhandle);
+}
+ncclResult_t CollDeregMr(void* comm, void* mhandle) {
+  return collnet::DeregMr(comm, mhandle);
+}
+ncclResult_t CollIallreduce(void* comm, void* send, void* recv, size_t count, ncclDataType_t dtype,
+                            ncclRedOp_t op, void* /*send_mh*/, void* /*recv_mh*/, void** request) {
+  return collnet::Iallreduce(comm, send, recv, count, static_cast<int>(dtype), static_cast<int>(op),
+                             request);
+}
+ncclResult_t CollIallreduceV8(void* comm, void* send, void* recv, int count, ncclDataType_t dtype,
+                              ncclRedOp_t op, void* /*send_mh*/, void* /*recv_mh*/,
+                              void** request) {
+  if (count < 0) {
+    api::Warn("CollNet iallreduce", "negative count " + std::to_string(count));
+    return ncclInvalidArgument;
+  }
+  return collnet::Iallreduce(comm, send, recv, static_cast<size_t>(count), static_cast<int>(dtype),
+                             static_cast<int>(op), request);
+}
+ncclResult_t CollIflush(void* comm, void* /*data*/, int /*size*/, void* /*mh*/, void** request) {
+  return collnet::Iflush(comm, request);
+}
+ncclResult_t CollTest(void* request, int* done, int* size) {
+  return collnet::Test(request, done, size);
+}
+ncclResult_t CollClose(void* comm) {
+  return collnet::CloseColl(comm);
+}
+ncclResult_t CollCloseListen(void* listen_comm) {
+  return collnet::CloseListen(listen_comm);
+}
+
 }  // namespace
 }  // namespace strait::nccl
 
@@ -289,6 +354,70 @@ __attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = {
     .closeListen = CloseListen,
     .getDeviceMr = GetDeviceMr,
     .irecvConsumed = IrecvConsumed,
+};
+
+// CollNet: iallgather and ireducescatter are NULL (NCCL then uses CollNet for all-reduce only).
+__attribute__((visibility("default"))) ncclCollNet_v11_t ncclCollNetPlugin_v11 = {
+    .name = kPluginName,
+    .init = CollInitV11,
+    .devices = Devices,
+    .getProperties = GetPropertiesV11,
+    .listen = CollListenV11,
+    .connect = CollConnect,
+    .reduceSupport = CollReduceSupport,
+    .regMr = CollRegMr,
+    .regMrDmaBuf = CollRegMrDmaBuf,
+    .deregMr = CollDeregMr,
+    .iallreduce = CollIallreduce,
+    .iallgather = nullptr,
+    .ireducescatter = nullptr,
+    .iflush = CollIflush,
+    .test = CollTest,
+    .closeColl = CollClose,
+    .closeListen = CollCloseListen,
+    .makeVDevice = nullptr,
+    .finalize = FinalizeV11,
+};
+
+__attribute__((visibility("default"))) ncclCollNet_v10_t ncclCollNetPlugin_v10 = {
+    .name = kPluginName,
+    .init = CollInitNoCtx,
+    .devices = Devices,
+    .getProperties = GetPropertiesV10,
+    .listen = CollListenNoCtx,
+    .connect = CollConnect,
+    .reduceSupport = CollReduceSupport,
+    .regMr = CollRegMr,
+    .regMrDmaBuf = CollRegMrDmaBuf,
+    .deregMr = CollDeregMr,
+    .iallreduce = CollIallreduce,
+    .iallgather = nullptr,
+    .ireducescatter = nullptr,
+    .iflush = CollIflush,
+    .test = CollTest,
+    .closeColl = CollClose,
+    .closeListen = CollCloseListen,
+    .makeVDevice = nullptr,
+};
+
+__attribute__((visibility("default"))) ncclCollNet_v8_t ncclCollNetPlugin_v8 = {
+    .name = kPluginName,
+    .init = CollInitNoCtx,
+    .devices = Devices,
+    .getProperties = GetPropertiesV8,
+    .listen = CollListenNoCtx,
+    .connect = CollConnect,
+    .reduceSupport = CollReduceSupport,
+    .regMr = CollRegMr,
+    .regMrDmaBuf = CollRegMrDmaBuf,
+    .deregMr = CollDeregMr,
+    .iallreduce = CollIallreduceV8,
+    .iallgather = nullptr,
+    .ireducescatter = nullptr,
+    .iflush = CollIflush,
+    .test = CollTest,
+    .closeColl = CollClose,
+    .closeListen = CollCloseListen,
 };
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 // The NCCL net-plugin ABI as this plugin sees it: our own declarations of the types, constants and
-// function tables NCCL 2.28 loads (net v8 to v11), written from the facts in the project's ABI
-// notes rather than copied from NCCL's headers, so the plugin builds without NCCL or CUDA.
+// function tables NCCL 2.28 loads (net v8 to v11; CollNet v8, v10 and v11), written from the facts
+// in the project's ABI notes rather than copied from NCCL's headers, so the plugin builds without
+// NCCL or CUDA.
 //
 // Every struct here is laid out exactly like NCCL's; the static_asserts at the bottom (and the
 // field-offset checks in tests/plugins/nccl_net_abi_test.cc) make a layout slip a build failure
@@ -285,5 +286,152 @@ static_assert(sizeof(ncclNet_v11_t) == 22 * sizeof(void*));
 static_assert(sizeof(ncclNet_v10_t) == 20 * sizeof(void*));
 static_assert(sizeof(ncclNet_v9_t) == 20 * sizeof(void*));
 static_assert(sizeof(ncclNet_v8_t) == 19 * sizeof(void*));
+
+// ---- CollNet (collective offload): v11 (NCCL 2.28), v10 and v8 -------------------------------
+// NCCL probes ncclCollNetPlugin_v11 ... _v6 separately from the net tables, in the same library,
+// and merges CollNet devices with net devices by name. Only the types CollNet adds are here.
+extern "C" {
+
+// ncclDataType_t and ncclRedOp_t: NCCL's values (strait::DataType and strait::ReduceOp mirror
+// them). Both are 4-byte enums in NCCL's ABI.
+typedef enum {
+  ncclInt8 = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2,
+  ncclUint32 = 3,
+  ncclInt64 = 4,
+  ncclUint64 = 5,
+  ncclFloat16 = 6,
+  ncclFloat32 = 7,
+  ncclFloat64 = 8,
+  ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11,
+  ncclNumTypes = 12,
+} ncclDataType_t;
+
+typedef enum {
+  ncclSum = 0,
+  ncclProd = 1,
+  ncclMax = 2,
+  ncclMin = 3,
+  ncclAvg = 4,
+  ncclNumOps = 5,
+  ncclMaxRedOp = 0x7fffffff,  // keeps the enum 4 bytes wide, as NCCL's is
+} ncclRedOp_t;
+
+// Scatter-gather entries of iallgather/ireducescatter (v9+: size_t size; v8: uint32_t size).
+typedef struct {
+  void* mhandle;
+  void* address;
+  size_t size;
+} ncclNetSGE_v11_t;
+typedef ncclNetSGE_v11_t ncclNetSGE_v10_t;
+typedef struct {
+  void* mhandle;
+  void* address;
+  uint32_t size;
+} ncclNetSGE_v8_t;
+
+// Blocking notes (ours): init, devices, getProperties and reduceSupport return at once; listen
+// makes one round trip to the local straitd (milliseconds); connect is a BLOCKING collective of
+// every node head (bounded by STRAIT_CONNECT_TIMEOUT); iallreduce and test never block (a NULL
+// request means "retry later"); closeColl waits for the comm's worker threads to stop.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v11_t* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
+  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, size_t count,
+                             ncclDataType_t dataType, ncclRedOp_t redOp, void* sendMhandle,
+                             void* recvMhandle, void** request);
+  ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts,
+                             ncclNetSGE_v11_t* recvParts, size_t bytesPerRank, size_t windowOffset,
+                             size_t windowBytes, void* sendMhandle, void** request);
+  ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v11_t* sendParts,
+                                 void* recvData, size_t bytesPerRank, size_t windowOffset,
+                                 size_t windowBytes, ncclDataType_t dataType, ncclRedOp_t redOp,
+                                 void* recvMhandle, void** request);
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
+  ncclResult_t (*test)(void* request, int* done, int* size);
+  ncclResult_t (*closeColl)(void* collComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_t* props);
+  ncclResult_t (*finalize)(void* ctx);
+} ncclCollNet_v11_t;
+
+// v10 (and v9): init(logger) without a context, listen without ctx, v10 properties, no finalize.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v10_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
+  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, size_t count,
+                             ncclDataType_t dataType, ncclRedOp_t redOp, void* sendMhandle,
+                             void* recvMhandle, void** request);
+  ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts,
+                             ncclNetSGE_v10_t* recvParts, size_t bytesPerRank, size_t windowOffset,
+                             size_t windowBytes, void* sendMhandle, void** request);
+  ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v10_t* sendParts,
+                                 void* recvData, size_t bytesPerRank, size_t windowOffset,
+                                 size_t windowBytes, ncclDataType_t dataType, ncclRedOp_t redOp,
+                                 void* recvMhandle, void** request);
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
+  ncclResult_t (*test)(void* request, int* done, int* size);
+  ncclResult_t (*closeColl)(void* collComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_t* props);
+} ncclCollNet_v10_t;
+
+// v8: v8 properties, an int element count, 32-bit SGE sizes, no makeVDevice.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
+  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count,
+                             ncclDataType_t dataType, ncclRedOp_t redOp, void* sendMhandle,
+                             void* recvMhandle, void** request);
+  ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts,
+                             ncclNetSGE_v8_t* recvParts, size_t bytesPerRank, size_t windowOffset,
+                             size_t windowBytes, void* sendMhandle, void** request);
+  ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v8_t* sendParts,
+                                 void* recvData, size_t bytesPerRank, size_t windowOffset,
+                                 size_t windowBytes, ncclDataType_t dataType, ncclRedOp_t redOp,
+                                 void* recvMhandle, void** request);
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
+  ncclResult_t (*test)(void* request, int* done, int* size);
+  ncclResult_t (*closeColl)(void* collComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+} ncclCollNet_v8_t;
+
+}  // extern "C"
+
+static_assert(sizeof(ncclDataType_t) == 4 && sizeof(ncclRedOp_t) == 4);
+static_assert(sizeof(ncclNetSGE_v11_t) == 24 && sizeof(ncclNetSGE_v8_t) == 24);
+static_assert(sizeof(ncclCollNet_v11_t) == 19 * sizeof(void*));
+static_assert(sizeof(ncclCollNet_v10_t) == 18 * sizeof(void*));
+static_assert(sizeof(ncclCollNet_v8_t) == 17 * sizeof(void*));
 
 #endif  // STRAIT_PLUGINS_NCCL_NCCL_NET_H_

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -93,18 +94,45 @@ std::string UvError(int rc) {
 
 }  // namespace
 
-// One TCP stream. Allocated when opened, freed in its close callback.
+// One stream: a TCP socket of a direct connection, or a Unix connection to the local gateway
+// (`pipe`, for tunnels). Allocated when opened, freed in its close callback.
 struct Socket {
-  enum class In { kNone, kHello, kReply, kHeader, kPayload, kStalled };
-  uv_tcp_t tcp{};
+  enum class In {
+    kNone,
+    kHello,
+    kReply,
+    kHeader,
+    kPayload,
+    kStalled,
+    kFrame,      // tunnel: a frame's length and type
+    kCloseBody,  // tunnel: the rest of a kTunnelClose frame
+    kCtlLen,     // gateway control frame: its length
+    kCtlBody,    // gateway control frame: its body
+  };
+  Socket() { std::memset(static_cast<void*>(&pipe), 0, sizeof(pipe)); }
+  bool Control() const { return in == In::kCtlLen || in == In::kCtlBody; }
+  uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&tcp); }
+
+  union {  // both start with uv_stream_t; libuv initialises the one in use
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  };
   uv_connect_t connect_req{};
   uv_write_t ctl_write{};
   unsigned char ctl[kHelloSize] = {};  // outgoing hello or reply
   Comm* owner = nullptr;
   int index = 0;
   In in = In::kNone;
-  unsigned char buf[kChunkHeaderSize] = {};  // incoming hello, reply or chunk header
+  unsigned char buf[64] = {};  // incoming hello, reply, chunk header or tunnel frame head
   size_t filled = 0;
+  // Gateway connections only.
+  bool is_pipe = false;
+  bool hello_done = false;     // the gateway answered our hello
+  bool tunnel_open = false;    // the tunnel carries data (a kTunnelClose may end it)
+  std::string gateway;         // its socket path, for messages
+  std::vector<unsigned char> request;  // sent once the hello is answered
+  unsigned char len4[4] = {};
+  std::vector<unsigned char> ctl_in;   // a control frame's body
   ChunkHeader hdr;
   char* dest = nullptr;
   size_t remaining = 0;
@@ -199,10 +227,35 @@ class Comm {
 
   static void CloseSocket(Socket* s);
 
+  // Loop side, gateway connections: opens a Unix connection to the gateway at `path`, says
+  // hello, and once the gateway answered sends `request`. Every later control frame goes to
+  // OnGatewayFrame; a failure (connect, hello, bad frame, lost connection) to OnGatewayLost.
+  Socket* DialGateway(const std::string& path, std::vector<unsigned char> request);
+  void GatewayAlloc(Socket* s, uv_buf_t* buf);
+  void GatewayRead(Socket* s, ssize_t n);
+  virtual void OnGatewayFrame(Socket* /*s*/, const std::vector<unsigned char>& /*body*/) {}
+  virtual void OnGatewayLost(Socket* /*s*/, const Status& why) { Fail(why); }
+
  protected:
   virtual void CloseHandles() {
     const std::vector<Socket*> sockets = sockets_;
-    for (Socket* s : sockets) CloseSocket(s);
+    for (Socket* s : sockets) {
+      if (s->is_pipe) EndTunnel(s);
+      CloseSocket(s);
+    }
+  }
+  // An open tunnel ends with kTunnelClose (the reason: OK, or why this comm failed) when no data
+  // frame is half written; otherwise closing the connection ends it (the peer's gateway then
+  // reports the truncated frame).
+  void EndTunnel(Socket* s) {
+    if (!s->tunnel_open || s->closing || s->writes_in_flight != 0) return;
+    s->tunnel_open = false;
+    Status why = error();
+    std::vector<unsigned char> frame = EncodeTunnelClose(
+        why.code(), why.ok() ? "closed by the rank" : std::string(why.message()));
+    uv_buf_t b = uv_buf_init(reinterpret_cast<char*>(frame.data()),
+                             static_cast<unsigned>(frame.size()));
+    (void)uv_try_write(s->stream(), &b, 1);  // best effort: the close that follows ends it anyway
   }
   void MaybeDelete() {
     if (closing_ && open_handles_ == 0) std::unique_ptr<Comm>{this}.reset();
@@ -227,13 +280,46 @@ namespace {
 void OnAllocCb(uv_handle_t* h, size_t /*suggested*/, uv_buf_t* buf) {
   auto* s = static_cast<Socket*>(h->data);
   *buf = uv_buf_init(nullptr, 0);
-  s->owner->OnAlloc(s, buf);
+  if (s->Control()) {
+    s->owner->GatewayAlloc(s, buf);
+  } else {
+    s->owner->OnAlloc(s, buf);
+  }
 }
 
 void OnReadCb(uv_stream_t* stream, ssize_t n, const uv_buf_t* /*buf*/) {
   auto* s = static_cast<Socket*>(stream->data);
   if (n == 0 || n == UV_ENOBUFS || s->closing) return;
-  s->owner->OnRead(s, n);
+  if (s->Control()) {
+    s->owner->GatewayRead(s, n);
+  } else {
+    s->owner->OnRead(s, n);
+  }
+}
+
+uint32_t Le32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+
+// A control frame on its way to the gateway (owns its bytes until written).
+struct ControlWrite {
+  uv_write_t req{};
+  std::vector<unsigned char> bytes;
+};
+
+// Writes a control frame; a failure surfaces as a read error on the same connection.
+void WriteControl(Socket* s, std::vector<unsigned char> frame) {
+  auto w = std::make_unique<ControlWrite>();
+  w->bytes = std::move(frame);
+  w->req.data = w.get();
+  uv_buf_t b = uv_buf_init(reinterpret_cast<char*>(w->bytes.data()),
+                           static_cast<unsigned>(w->bytes.size()));
+  if (uv_write(&w->req, s->stream(), &b, 1, [](uv_write_t* req, int) {
+        std::unique_ptr<ControlWrite>{static_cast<ControlWrite*>(req->data)}.reset();
+      }) == 0) {
+    w.release();
+  }
 }
 
 void OnCloseCb(uv_handle_t* h) {
@@ -251,6 +337,95 @@ void Comm::CloseSocket(Socket* s) {
   if (s->closing) return;
   s->closing = true;
   uv_close(reinterpret_cast<uv_handle_t*>(&s->tcp), OnCloseCb);
+}
+
+Socket* Comm::DialGateway(const std::string& path, std::vector<unsigned char> request) {
+  auto sock = std::make_unique<Socket>();
+  uv_pipe_init(Loop().loop(), &sock->pipe, 0);
+  Socket* s = sock.release();
+  AdoptSocket(s);
+  s->is_pipe = true;
+  s->gateway = path;
+  s->request = std::move(request);
+  s->connect_req.data = s;
+  uv_pipe_connect(&s->connect_req, &s->pipe, path.c_str(), [](uv_connect_t* req, int status) {
+    auto* conn = static_cast<Socket*>(req->data);
+    Comm* self = conn->owner;
+    if (status == UV_ECANCELED || conn->closing) return;
+    if (status < 0) {
+      self->OnGatewayLost(conn, UnavailableError("cannot connect to the local gateway at " +
+                                              conn->gateway + ": " + UvError(status) +
+                                              "; is straitd running there (STRAIT_GATEWAY)?"));
+      return;
+    }
+    WriteControl(conn, EncodeLocalHello("nccl-net-strait"));
+    conn->in = Socket::In::kCtlLen;
+    conn->filled = 0;
+    const int rc = uv_read_start(conn->stream(), OnAllocCb, OnReadCb);
+    if (rc != 0) {
+      self->OnGatewayLost(conn, UnavailableError("cannot read from the local gateway at " +
+                                              conn->gateway + ": " + UvError(rc)));
+    }
+  });
+  return s;
+}
+
+void Comm::GatewayAlloc(Socket* s, uv_buf_t* buf) {
+  if (s->in == Socket::In::kCtlLen) {
+    *buf = uv_buf_init(reinterpret_cast<char*>(s->len4) + s->filled,
+                       static_cast<unsigned>(4 - s->filled));
+  } else {
+    *buf = uv_buf_init(reinterpret_cast<char*>(s->ctl_in.data()) + s->filled,
+                       static_cast<unsigned>(s->ctl_in.size() - s->filled));
+  }
+}
+
+void Comm::GatewayRead(Socket* s, ssize_t n) {
+  if (n < 0) {
+    OnGatewayLost(s, UnavailableError(
+                         n == UV_EOF ? "the local gateway at " + s->gateway +
+                                           " closed the connection (straitd stopped or restarted?)"
+                                     : "the connection to the local gateway at " + s->gateway +
+                                           " failed: " + UvError(static_cast<int>(n))));
+    return;
+  }
+  s->filled += static_cast<size_t>(n);
+  if (s->in == Socket::In::kCtlLen) {
+    if (s->filled < 4) return;
+    const uint32_t len = Le32(s->len4);
+    if (len == 0 || len > kMaxControlBody) {
+      OnGatewayLost(s, DataLossError("the gateway at " + s->gateway + " sent a " +
+                                     std::to_string(len) +
+                                     "-byte frame where a control message was due (protocol "
+                                     "error)"));
+      return;
+    }
+    s->ctl_in.assign(len, 0);
+    s->in = Socket::In::kCtlBody;
+    s->filled = 0;
+    return;
+  }
+  if (s->filled < s->ctl_in.size()) return;
+  s->in = Socket::In::kCtlLen;
+  s->filled = 0;
+  if (!s->hello_done) {
+    StatusOr<LocalReply> reply = DecodeLocalReply(s->ctl_in.data(), s->ctl_in.size());
+    if (!reply.ok()) {
+      OnGatewayLost(s, reply.status().WithContext("hello to the gateway at " + s->gateway));
+      return;
+    }
+    if (reply->reply_to != LocalType::kHello || reply->code != StatusCode::kOk) {
+      OnGatewayLost(s, Status(reply->code == StatusCode::kOk ? StatusCode::kDataLoss : reply->code,
+                              "the gateway at " + s->gateway + " refused this rank's hello: " +
+                                  reply->text));
+      return;
+    }
+    s->hello_done = true;
+    WriteControl(s, std::move(s->request));
+    return;
+  }
+  // The handler may switch the connection to data or close it: `s` is not touched after.
+  OnGatewayFrame(s, s->ctl_in);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,12 +453,56 @@ struct RecvGroup {
 
 class RecvComm final : public Comm {
  public:
-  explicit RecvComm(std::string peer) : Comm(Kind::kRecv, kMaxRequests), peer_(std::move(peer)) {}
+  // `tunnel`: the comm reads one Unix connection to the gateway carrying kTunnelData frames.
+  explicit RecvComm(std::string peer, bool tunnel = false)
+      : Comm(Kind::kRecv, kMaxRequests), peer_(std::move(peer)), tunnel_(tunnel) {}
+
+  // Loop side, tunnels: accepts tunnel `tunnel_id` through the gateway at `path`; `on_open` is
+  // called once with the outcome (OK: the comm is reading and may go to NCCL).
+  using OpenFn = std::function<void(RecvComm*, const Status&)>;
+  void StartAccept(const std::string& path, uint64_t tunnel_id, OpenFn on_open) {
+    on_open_ = std::move(on_open);
+    DialGateway(path, EncodeTunnelAccept(tunnel_id));
+  }
+  void DropOpenCallback() { on_open_ = nullptr; }
+
+  void OnGatewayFrame(Socket* s, const std::vector<unsigned char>& body) override {
+    StatusOr<LocalReply> reply = DecodeLocalReply(body.data(), body.size());
+    Status st = reply.ok() ? Status::Ok() : reply.status();
+    if (st.ok() && reply->reply_to != LocalType::kTunnelAccept) {
+      st = DataLossError("the gateway answered a tunnel accept with a reply to another request");
+    } else if (st.ok() && reply->code != StatusCode::kOk) {
+      st = Status(reply->code, "the gateway at " + s->gateway + " refused to accept the tunnel from " +
+                                   peer_ + ": " + reply->text);
+    }
+    if (!st.ok()) {
+      OnGatewayLost(s, st);
+      return;
+    }
+    s->tunnel_open = true;
+    StartReading();
+    if (on_open_) {
+      OpenFn fn = std::move(on_open_);
+      on_open_ = nullptr;
+      fn(this, Status::Ok());
+    }
+  }
+  void OnGatewayLost(Socket* /*s*/, const Status& why) override {
+    if (on_open_) {
+      // Still opening: the listen comm owns this comm and decides.
+      OpenFn fn = std::move(on_open_);
+      on_open_ = nullptr;
+      fn(this, why);
+      return;
+    }
+    Fail(why);
+  }
 
   void StartReading() {
     for (Socket* s : sockets_) {
-      s->in = Socket::In::kHeader;
+      s->in = HeaderIn();
       s->filled = 0;
+      if (s->is_pipe) continue;  // already reading since the gateway's hello
       const int rc = uv_read_start(reinterpret_cast<uv_stream_t*>(&s->tcp), OnAllocCb, OnReadCb);
       if (rc != 0) {
         Fail(UnavailableError("cannot read from " + peer_ + ": " + UvError(rc)));
@@ -326,9 +545,17 @@ class RecvComm final : public Comm {
 
   void OnAlloc(Socket* s, uv_buf_t* buf) override {
     switch (s->in) {
+      case Socket::In::kFrame:
+        *buf = uv_buf_init(reinterpret_cast<char*>(s->buf) + s->filled,
+                           static_cast<unsigned>(kTunnelFramePrefix - s->filled));
+        break;
+      case Socket::In::kCloseBody:
+        *buf = uv_buf_init(reinterpret_cast<char*>(s->ctl_in.data()) + s->filled,
+                           static_cast<unsigned>(s->ctl_in.size() - s->filled));
+        break;
       case Socket::In::kHeader:
         *buf = uv_buf_init(reinterpret_cast<char*>(s->buf) + s->filled,
-                           static_cast<unsigned>(kChunkHeaderSize - s->filled));
+                           static_cast<unsigned>(HeaderBytes() - s->filled));
         break;
       case Socket::In::kPayload: {
         const size_t n = std::min<size_t>(s->remaining, size_t{1} << 30);
@@ -340,6 +567,10 @@ class RecvComm final : public Comm {
   }
 
   void OnRead(Socket* s, ssize_t n) override {
+    if (tunnel_) {
+      OnTunnelRead(s, n);
+      return;
+    }
     if (n == UV_EOF && s->in == Socket::In::kHeader && s->filled == 0) {
       // A clean end between chunks: the sender closed this socket. Everything it sent on it has
       // been read; the comm is over only when every socket has ended (the others may still
@@ -364,21 +595,7 @@ class RecvComm final : public Comm {
       if (s->filled < kChunkHeaderSize) return;
       s->filled = 0;
       s->hdr = DecodeChunkHeader(s->buf);
-      const ChunkHeader& h = s->hdr;
-      if (h.length > kMaxChunkOnWire || h.message_size > kMaxMessageBytes ||
-          h.offset > h.message_size || h.length > h.message_size - h.offset ||
-          (h.length == 0 && h.message_size != 0)) {
-        Fail(DataLossError("corrupt chunk header from " + peer_ + " (offset " +
-                           std::to_string(h.offset) + ", length " + std::to_string(h.length) +
-                           ", message " + std::to_string(h.message_size) + " bytes)"));
-        return;
-      }
-      if (!Resolve(s) && !failed()) {
-        // Over the unexpected-bytes cap: stop reading this socket until receives are posted.
-        s->in = Socket::In::kStalled;
-        uv_read_stop(reinterpret_cast<uv_stream_t*>(&s->tcp));
-        stalled_.push_back(s);
-      }
+      OnHeader(s);
     } else if (s->in == Socket::In::kPayload) {
       s->dest += got;
       s->remaining -= got;
@@ -395,6 +612,121 @@ class RecvComm final : public Comm {
   }
 
  private:
+  Socket::In HeaderIn() const { return tunnel_ ? Socket::In::kFrame : Socket::In::kHeader; }
+  // Bytes of s->buf a chunk's head fills: the chunk header, after the frame prefix and tag on a
+  // tunnel.
+  size_t HeaderBytes() const { return tunnel_ ? kTunnelDataHead : kChunkHeaderSize; }
+
+  // A complete chunk header in s->hdr: check it and point the socket at its destination.
+  void OnHeader(Socket* s) {
+    const ChunkHeader& h = s->hdr;
+    if (h.length > kMaxChunkOnWire || h.message_size > kMaxMessageBytes ||
+        h.offset > h.message_size || h.length > h.message_size - h.offset ||
+        (h.length == 0 && h.message_size != 0)) {
+      Fail(DataLossError("corrupt chunk header from " + peer_ + " (offset " +
+                         std::to_string(h.offset) + ", length " + std::to_string(h.length) +
+                         ", message " + std::to_string(h.message_size) + " bytes)"));
+      return;
+    }
+    if (!Resolve(s) && !failed()) {
+      // Over the unexpected-bytes cap: stop reading this socket until receives are posted (on a
+      // tunnel the gateways' window then makes the sender wait).
+      s->in = Socket::In::kStalled;
+      uv_read_stop(s->stream());
+      stalled_.push_back(s);
+    }
+  }
+
+  // Tunnel framing: kTunnelData frames whose body is (tag, chunk header, payload), and at the end
+  // a kTunnelClose from the gateway (OK: the sender closed after everything it sent arrived).
+  void OnTunnelRead(Socket* s, ssize_t n) {
+    if (n < 0) {
+      Fail(UnavailableError(
+          "tunnel from " + peer_ + ": the connection to the local gateway at " + s->gateway +
+          (n == UV_EOF ? " ended without a close (straitd exited?)"
+                       : " failed: " + UvError(static_cast<int>(n)))));
+      return;
+    }
+    const auto got = static_cast<size_t>(n);
+    switch (s->in) {
+      case Socket::In::kFrame: {
+        s->filled += got;
+        if (s->filled < kTunnelFramePrefix) return;
+        const uint32_t len = Le32(s->buf);
+        const uint8_t type = s->buf[4];
+        if (type == static_cast<uint8_t>(LocalType::kTunnelData)) {
+          if (len < kTunnelDataHead - 4) {
+            Fail(DataLossError("tunnel from " + peer_ + ": a " + std::to_string(len) +
+                               "-byte data frame is too short for a chunk header (protocol "
+                               "error: is the sender a Strait plugin of this version?)"));
+            return;
+          }
+          s->in = Socket::In::kHeader;  // the rest of the head, into buf after the prefix
+          return;
+        }
+        if (type == static_cast<uint8_t>(LocalType::kTunnelClose) && len >= 1 &&
+            len <= kMaxControlBody) {
+          s->ctl_in.assign(len, 0);
+          s->ctl_in[0] = type;
+          s->filled = 1;
+          s->in = Socket::In::kCloseBody;
+          if (s->filled == s->ctl_in.size()) OnTunnelClose(s);
+          return;
+        }
+        Fail(DataLossError("tunnel from " + peer_ + ": unexpected local-protocol message type " +
+                           std::to_string(type) + " (" + std::to_string(len) +
+                           " bytes) from the gateway"));
+        return;
+      }
+      case Socket::In::kHeader: {
+        s->filled += got;
+        if (s->filled < kTunnelDataHead) return;
+        s->filled = 0;
+        const uint32_t len = Le32(s->buf);
+        const auto tag = static_cast<int32_t>(Le32(s->buf + 5));
+        s->hdr = DecodeChunkHeader(s->buf + 9);
+        if (s->hdr.tag != tag || len != kTunnelDataHead - 4 + uint64_t{s->hdr.length}) {
+          Fail(DataLossError("tunnel from " + peer_ + ": a data frame of " + std::to_string(len) +
+                             " bytes disagrees with its chunk header (tag " + std::to_string(tag) +
+                             " vs " + std::to_string(s->hdr.tag) + ", length " +
+                             std::to_string(s->hdr.length) + ")"));
+          return;
+        }
+        OnHeader(s);
+        return;
+      }
+      case Socket::In::kPayload:
+        s->dest += got;
+        s->remaining -= got;
+        if (s->remaining == 0) ChunkDone(s);
+        return;
+      case Socket::In::kCloseBody:
+        s->filled += got;
+        if (s->filled == s->ctl_in.size()) OnTunnelClose(s);
+        return;
+      default: return;
+    }
+  }
+
+  void OnTunnelClose(Socket* s) {
+    StatusOr<LocalReply> close = DecodeTunnelClose(s->ctl_in.data(), s->ctl_in.size());
+    if (!close.ok()) {
+      Fail(close.status().WithContext("tunnel from " + peer_));
+      return;
+    }
+    s->tunnel_open = false;
+    if (close->code != StatusCode::kOk) {
+      Fail(Status(close->code, "tunnel from " + peer_ + " ended: " + close->text));
+      return;
+    }
+    // The sender closed after everything it sent was delivered (the gateway guarantees the
+    // order): as a clean end of every socket on the TCP path.
+    uv_read_stop(s->stream());
+    s->in = Socket::In::kNone;
+    peer_ended_ = true;
+    if (!groups_.empty()) FailPeerEnded();
+  }
+
   struct Slot {
     RecvGroup* group = nullptr;
     int buffer = 0;
@@ -451,7 +783,7 @@ class RecvComm final : public Comm {
 
   void ChunkDone(Socket* s) {
     const ChunkHeader h = s->hdr;
-    s->in = Socket::In::kHeader;
+    s->in = HeaderIn();
     s->filled = 0;
     TagQueue& q = tags_[h.tag];
     auto u = q.unexpected.find(h.seq);
@@ -549,6 +881,8 @@ class RecvComm final : public Comm {
   }
 
   std::string peer_;
+  bool tunnel_ = false;
+  OpenFn on_open_;
   size_t ended_sockets_ = 0;
   bool peer_ended_ = false;
   std::list<std::unique_ptr<RecvGroup>> groups_;
@@ -590,8 +924,98 @@ class ListenComm final : public Comm {
     return c;
   }
 
+  // What listen() publishes for the gateway tunnel.
+  struct TunnelInfo {
+    uint64_t listen_id = 0;
+    uint32_t shard = 0;
+    std::string region;
+  };
+  // Loop side: opens the tunnel listen on the gateway at `path` next to the TCP listener.
+  void StartTunnel(const std::string& path) {
+    gateway_ = path;
+    gw_ = DialGateway(path, EncodeTunnelListen());
+  }
+  // NCCL side: waits (up to `timeout_ns`) for the gateway's answer to the tunnel listen.
+  StatusOr<TunnelInfo> WaitTunnel(int64_t timeout_ns) {
+    std::unique_lock<std::mutex> lock(tunnel_mu_);
+    if (!tunnel_cv_.wait_for(lock, std::chrono::nanoseconds(timeout_ns),
+                             [&] { return tunnel_state_ != kTunnelOpening; })) {
+      return DeadlineExceededError("the local gateway at " + gateway_ + " did not answer a tunnel "
+                                   "listen within " + FormatDuration(timeout_ns) +
+                                   ": is straitd there healthy?");
+    }
+    if (tunnel_state_ == kTunnelFailed) return tunnel_error_;
+    return tunnel_;
+  }
+
+  void OnGatewayFrame(Socket* s, const std::vector<unsigned char>& body) override {
+    StatusOr<LocalReply> reply = DecodeLocalReply(body.data(), body.size());
+    Status st = reply.ok() ? Status::Ok() : reply.status();
+    if (st.ok() && reply->reply_to != LocalType::kTunnelListen) {
+      st = DataLossError("the gateway answered a tunnel listen with a reply to another request");
+    } else if (st.ok() && reply->code != StatusCode::kOk) {
+      st = Status(reply->code, "the gateway at " + gateway_ + " ended the tunnel listen: " +
+                                   reply->text);
+    }
+    if (!st.ok()) {
+      OnGatewayLost(s, st);
+      return;
+    }
+    StatusOr<TunnelEvent> event = DecodeTunnelEvent(reply->data);
+    if (!event.ok()) {
+      OnGatewayLost(s, event.status());
+      return;
+    }
+    if (event->kind == 1) {
+      std::lock_guard<std::mutex> lock(tunnel_mu_);
+      tunnel_.listen_id = event->id;
+      tunnel_.shard = event->shard;
+      tunnel_.region = event->region;
+      tunnel_state_ = kTunnelListening;
+      tunnel_cv_.notify_all();
+      return;
+    }
+    // An incoming tunnel: accept it on a connection of its own (NCCL's accept() picks it up).
+    auto recv = std::make_unique<RecvComm>(
+        "region " + event->region + " (tunnel " + std::to_string(event->id) + ")", true);
+    RecvComm* raw = recv.release();
+    accepting_.insert(raw);
+    raw->StartAccept(gateway_, event->id, [this](RecvComm* c, const Status& result) {
+      accepting_.erase(c);
+      if (!result.ok()) {
+        Transport::Get().Log(LogKind::kWarn, result.message());
+        c->BeginClose();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(ready_mu_);
+      ready_.push_back(c);
+    });
+  }
+
+  void OnGatewayLost(Socket* s, const Status& why) override {
+    bool opening = false;
+    {
+      std::lock_guard<std::mutex> lock(tunnel_mu_);
+      opening = tunnel_state_ == kTunnelOpening;
+      if (opening) {
+        tunnel_error_ = why;
+        tunnel_state_ = kTunnelFailed;
+        tunnel_cv_.notify_all();
+      }
+    }
+    // Listening already: direct connections still work, cross-region connects to this rank
+    // are refused by the gateways from now on.
+    if (!opening && !closing_) {
+      Transport::Get().Log(LogKind::kWarn,
+                           why.message() + "; the tunnel listen ended: ranks in other regions "
+                                           "can no longer connect to this listener");
+    }
+    gw_ = nullptr;
+    CloseSocket(s);
+  }
+
   void OnAlloc(Socket* s, uv_buf_t* buf) override {
-    if (s->in == Socket::In::kHello) {
+    if (s->in == Socket::In::kHello && !s->is_pipe) {
       *buf = uv_buf_init(reinterpret_cast<char*>(s->buf) + s->filled,
                          static_cast<unsigned>(kHelloSize - s->filled));
     }
@@ -661,6 +1085,12 @@ class ListenComm final : public Comm {
       }
     }
     partial_.clear();
+    // Tunnels being accepted at the gateway.
+    for (RecvComm* c : accepting_) {
+      c->DropOpenCallback();
+      c->BeginClose();
+    }
+    accepting_.clear();
     // Connections that arrived but were never accepted.
     std::lock_guard<std::mutex> lock(ready_mu_);
     for (RecvComm* c : ready_) c->BeginClose();
@@ -691,7 +1121,17 @@ class ListenComm final : public Comm {
   }
   void DropPending(Socket* s) { CloseSocket(s); }
 
+  enum { kTunnelOpening, kTunnelListening, kTunnelFailed };
+
   uint64_t nonce_;
+  std::string gateway_;
+  Socket* gw_ = nullptr;  // the tunnel listen connection (loop side)
+  std::unordered_set<RecvComm*> accepting_;
+  std::mutex tunnel_mu_;
+  std::condition_variable tunnel_cv_;
+  int tunnel_state_ = kTunnelOpening;
+  Status tunnel_error_;
+  TunnelInfo tunnel_;
   uv_tcp_t server_{};
   std::map<uint64_t, std::vector<Socket*>> partial_;  // connection id -> sockets by index
   std::mutex ready_mu_;
@@ -715,7 +1155,7 @@ struct SendMessage {
 
 struct WriteReq {
   uv_write_t req{};
-  unsigned char hdr[kChunkHeaderSize] = {};
+  unsigned char hdr[kTunnelDataHead] = {};  // chunk header, or tunnel frame head
   Socket* socket = nullptr;
   SendMessage* msg = nullptr;
 };
@@ -723,16 +1163,69 @@ struct WriteReq {
 class SendComm final : public Comm {
  public:
   enum State : int { kConnecting = 0, kReady = 1, kFailed = 2 };
-  SendComm(const ListenHandle& h, int nsocks)
-      : Comm(Kind::kSend, kMaxRequests * kMaxRecvs), handle_(h), nsocks_(nsocks) {}
+  // `gateway` non-empty: a cross-region connection through a tunnel of the gateway at that path
+  // (one Unix connection; the gateway stripes over its WAN streams) with `timeout_ms` for the
+  // gateway to open it.
+  SendComm(const ListenHandle& h, int nsocks, std::string gateway = "", uint32_t timeout_ms = 0)
+      : Comm(Kind::kSend, kMaxRequests * kMaxRecvs),
+        handle_(h),
+        nsocks_(gateway.empty() ? nsocks : 1),
+        gateway_(std::move(gateway)),
+        timeout_ms_(timeout_ms) {}
 
   int state() const { return state_.load(std::memory_order_acquire); }
-  std::string peer() const { return Describe(handle_.addr); }
+  std::string peer() const {
+    if (gateway_.empty()) return Describe(handle_.addr);
+    return "region " + handle_.region + " (listen " + std::to_string(handle_.listen_id) +
+           " through the gateway)";
+  }
   bool TimedOut(int64_t timeout_ns) const {
     return std::chrono::steady_clock::now() - started_ > std::chrono::nanoseconds(timeout_ns);
   }
 
+  void OnGatewayFrame(Socket* s, const std::vector<unsigned char>& body) override {
+    if (state() == kConnecting) {
+      StatusOr<LocalReply> reply = DecodeLocalReply(body.data(), body.size());
+      Status st = reply.ok() ? Status::Ok() : reply.status();
+      if (st.ok() && reply->reply_to != LocalType::kTunnelConnect) {
+        st = DataLossError("the gateway answered a tunnel connect with a reply to another request");
+      } else if (st.ok() && reply->code != StatusCode::kOk) {
+        st = Status(reply->code, "the gateway at " + gateway_ + " could not open a tunnel to " +
+                                     peer() + ": " + reply->text);
+      }
+      if (!st.ok()) {
+        Fail(st);
+        return;
+      }
+      s->tunnel_open = true;
+      state_.store(kReady, std::memory_order_release);
+      Pump();
+      return;
+    }
+    // An open tunnel: the gateway only ever sends its end.
+    if (!body.empty() && body[0] == static_cast<unsigned char>(LocalType::kTunnelClose)) {
+      StatusOr<LocalReply> close = DecodeTunnelClose(body.data(), body.size());
+      s->tunnel_open = false;
+      if (!close.ok()) {
+        Fail(close.status().WithContext("tunnel to " + peer()));
+      } else if (close->code == StatusCode::kOk) {
+        Fail(UnavailableError("tunnel to " + peer() +
+                              " closed by the receiving rank (it closed its comm or exited)"));
+      } else {
+        Fail(Status(close->code, "tunnel to " + peer() + " ended: " + close->text));
+      }
+      return;
+    }
+    Fail(DataLossError("tunnel to " + peer() + ": unexpected message type " +
+                       std::to_string(body.empty() ? 0 : body[0]) + " from the gateway"));
+  }
+
   void StartConnect() {
+    if (!gateway_.empty()) {
+      DialGateway(gateway_, EncodeTunnelConnect(handle_.region, handle_.gateway_shard,
+                                                handle_.listen_id, timeout_ms_));
+      return;
+    }
     connection_id_ = RandomId();
     for (int i = 0; i < nsocks_; ++i) {
       auto s = std::make_unique<Socket>();
@@ -888,7 +1381,8 @@ class SendComm final : public Comm {
         }
       }
       if (m == nullptr) return;
-      const size_t len = std::min(kChunkBytes, m->size - m->next_offset);
+      const size_t len =
+          std::min(gateway_.empty() ? kChunkBytes : kTunnelChunkBytes, m->size - m->next_offset);
       auto w = std::make_unique<WriteReq>();
       ChunkHeader h;
       h.seq = m->seq;
@@ -896,12 +1390,18 @@ class SendComm final : public Comm {
       h.offset = m->next_offset;
       h.length = static_cast<uint32_t>(len);
       h.tag = m->tag;
-      EncodeChunkHeader(h, w->hdr);
+      size_t head = kChunkHeaderSize;
+      if (gateway_.empty()) {
+        EncodeChunkHeader(h, w->hdr);
+      } else {
+        EncodeTunnelDataHead(h, w->hdr);
+        head = kTunnelDataHead;
+      }
       w->socket = s;
       w->msg = m;
       w->req.data = w.get();
       uv_buf_t bufs[2] = {
-          uv_buf_init(reinterpret_cast<char*>(w->hdr), kChunkHeaderSize),
+          uv_buf_init(reinterpret_cast<char*>(w->hdr), static_cast<unsigned>(head)),
           uv_buf_init(const_cast<char*>(m->data + m->next_offset), static_cast<unsigned>(len))};
       const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&s->tcp), bufs,
                               len == 0 ? 1 : 2, &SendComm::OnWriteCb);
@@ -921,6 +1421,8 @@ class SendComm final : public Comm {
 
   ListenHandle handle_;
   int nsocks_;
+  std::string gateway_;
+  uint32_t timeout_ms_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   uint64_t connection_id_ = 0;
   int replies_ = 0;
@@ -1050,8 +1552,9 @@ Status Transport::Init(const EnvGetter& env, LogFn log) {
     Log(LogKind::kInfo, "using interface " + iface_.name + " (" + AddressToString(iface_.addr) +
                             "), region " + (own_region_.empty() ? "<unset>" : own_region_) + ", " +
                             std::to_string(config_.nsocks) +
-                            " sockets per connection; intra-region point-to-point only in this "
-                            "build");
+                            " sockets per connection; cross-region connections " +
+                            (config_.gateway.empty() ? std::string("disabled (STRAIT_GATEWAY unset)")
+                                                     : "through the gateway at " + config_.gateway));
   } else if (config.nsocks != config_.nsocks || region != own_region_ ||
              iface.name != iface_.name) {
     Log(LogKind::kInfo,
@@ -1088,7 +1591,16 @@ StatusOr<DeviceProperties> Transport::GetProperties(int dev) const {
   p.guid = std::hash<std::string>{}(iface_.name);
   // Loopback and virtual NICs report no speed; NCCL reads <= 0 as 10 Gbit/s anyway, say so.
   p.speed_mbps = iface_.speed_mbps > 0 ? iface_.speed_mbps : 10000;
-  p.latency_us = 0;  // intra-region: NCCL's own inter-node latency model applies unchanged
+  // One device serves every peer (NCCL cannot pick a device per peer), so it describes the
+  // slowest path the job uses: with a gateway, the WAN (whose latency dominates every
+  // cross-region ring or tree step); without, NCCL's own inter-node model (0).
+  p.latency_us = 0;
+  if (config_.wan_latency_us) {
+    p.latency_us = static_cast<float>(*config_.wan_latency_us);
+  } else if (!config_.gateway.empty()) {
+    p.latency_us = static_cast<float>(kDefaultWanLatencyUs);
+  }
+  if (config_.wan_speed_mbps) p.speed_mbps = *config_.wan_speed_mbps;
   p.max_comms = 65536;
   p.max_recvs = kMaxRecvs;
   p.max_p2p_bytes = kMaxMessageBytes;
@@ -1107,6 +1619,27 @@ StatusOr<void*> Transport::Listen(int dev, void* handle) {
   Status st;
   ListenComm* raw = comm.get();
   Loop().RunSync([&] { st = raw->Open(iface_.addr, &h.addr); });
+  if (st.ok() && !config_.gateway.empty()) {
+    const std::string path = config_.gateway;
+    Loop().RunSync([&] { raw->StartTunnel(path); });
+    StatusOr<ListenComm::TunnelInfo> tunnel =
+        raw->WaitTunnel(std::min(config_.connect_timeout_ns, kGatewayListenTimeoutNs));
+    if (!tunnel.ok()) {
+      st = tunnel.status().WithContext("listen (STRAIT_GATEWAY=" + path + ")");
+    } else if (!own_region_.empty() && tunnel->region != own_region_) {
+      st = InvalidArgumentError("this rank's region is " + own_region_ + " but the gateway at " +
+                                path + " (STRAIT_GATEWAY) serves region " + tunnel->region +
+                                ": set STRAIT_REGION to the region of the rank's own straitd");
+    } else if (tunnel->region.empty() || tunnel->region.size() > 63) {
+      st = InvalidArgumentError("the gateway at " + path + " reports region \"" + tunnel->region +
+                                "\", which does not fit a listen handle (1-63 bytes)");
+    } else {
+      h.region = tunnel->region;
+      h.tunnel = true;
+      h.gateway_shard = tunnel->shard;
+      h.listen_id = tunnel->listen_id;
+    }
+  }
   if (st.ok()) st = EncodeHandle(h, handle);
   if (!st.ok()) {
     Loop().RunSync([&] { comm.release()->BeginClose(); });
@@ -1157,13 +1690,28 @@ StatusOr<void*> Transport::Connect(int dev, void* handle) {
     return err;
   }
   STRAIT_ASSIGN_OR_RETURN(ListenHandle h, DecodeHandle(handle));
+  std::string gateway;
   if (!own_region_.empty() && !h.region.empty() && h.region != own_region_) {
-    return UnimplementedError("peer " + Describe(h.addr) + " is in region " + h.region +
-                              " and this rank in " + own_region_ +
-                              ": cross-region connections need straitd's tunnel (not in this "
-                              "build)");
+    if (config_.gateway.empty()) {
+      return UnimplementedError("peer " + Describe(h.addr) + " is in region " + h.region +
+                                " and this rank in " + own_region_ +
+                                ": cross-region connections need straitd's tunnel: set "
+                                "STRAIT_GATEWAY to the local straitd's socket on every rank");
+    }
+    if (!h.tunnel) {
+      return FailedPreconditionError(
+          "peer " + Describe(h.addr) + " is in region " + h.region + " and this rank in " +
+          own_region_ +
+          ", but its listen handle has no gateway tunnel: set STRAIT_GATEWAY on the ranks of " +
+          h.region + " too");
+    }
+    gateway = config_.gateway;
   }
-  SendComm* raw = std::make_unique<SendComm>(h, config_.nsocks).release();
+  const int64_t timeout_ms = config_.connect_timeout_ns / 1000000;
+  SendComm* raw = std::make_unique<SendComm>(
+                      h, config_.nsocks, gateway,
+                      static_cast<uint32_t>(std::min<int64_t>(timeout_ms, UINT32_MAX)))
+                      .release();
   const uint64_t id = RandomId();
   {
     std::lock_guard<std::mutex> lock(Reg().mu);

@@ -2,6 +2,12 @@
 // has converted arguments. Status in, Status out; the C boundary (api.h) validates pointers,
 // catches exceptions and maps Status to ncclResult_t.
 //
+// Cross-region (STRAIT_GATEWAY set, the peer's handle names another region): a connection is one
+// tunnel of the local straitd (lib/gateway/local_protocol.h, "Tunnels"), opened on a Unix
+// connection of its own that the loop drives; the same chunks travel as kTunnelData frames and
+// are matched by the same rules. listen() also opens a tunnel listen on the gateway and publishes
+// its region, shard and listen id in the handle.
+//
 // Point-to-point inside a region: a connection is `nsocks` TCP sockets from the sender to the
 // receiver, all owned by the plugin's libuv thread (event_loop.h). A send is cut into chunks that
 // go to whichever socket has room (never an even split: one slow socket must not hold back the
@@ -34,6 +40,13 @@ constexpr int kMaxRecvs = 8;                          // grouped receives: up to
 constexpr int kMaxRequests = 32;                      // receive requests in flight per comm
 constexpr size_t kMaxMessageBytes = size_t{1} << 30;  // maxP2pBytes / maxCollBytes we report
 constexpr size_t kChunkBytes = 512 * 1024;
+// Through a gateway tunnel a message goes as frames of at most this much payload, so straitd
+// pipelines (reads, encodes and sends one while the next arrives) and every message fits its
+// frame limit whatever the message size.
+constexpr size_t kTunnelChunkBytes = 2 * 1024 * 1024;
+// How long listen() waits for the local gateway to answer a tunnel listen (at most; less when
+// STRAIT_CONNECT_TIMEOUT is shorter).
+constexpr int64_t kGatewayListenTimeoutNs = int64_t{10} * 1000 * 1000 * 1000;
 
 // What getProperties reports, version-independent.
 struct DeviceProperties {
@@ -68,10 +81,13 @@ class Transport {
   // checks that it is a live object of the expected kind (never dereferencing an unknown comm)
   // and returns InvalidArgument otherwise.
 
-  // Fills the 128-byte `handle` and returns a listen comm.
+  // Fills the 128-byte `handle` and returns a listen comm. With STRAIT_GATEWAY set it waits for
+  // the local gateway to answer a tunnel listen (a local round trip; kGatewayListenTimeoutNs at
+  // most) and fails when the gateway does not answer or serves another region.
   StatusOr<void*> Listen(int dev, void* handle);
   // Non-blocking: returns nullptr while the connection is being set up (call again with the
-  // same handle buffer).
+  // same handle buffer). A peer in another region is reached through the local gateway's tunnel;
+  // the attempt ends with an error after STRAIT_CONNECT_TIMEOUT.
   StatusOr<void*> Connect(int dev, void* handle);
   // Non-blocking: nullptr while no connection has arrived.
   StatusOr<void*> Accept(void* listen_comm);

@@ -54,6 +54,12 @@ TEST(PluginConfig, EveryVariableIsRead) {
   EXPECT_EQ(c->socket_ifname, "^docker,lo");
   EXPECT_EQ(c->nsocks, 16);
   EXPECT_EQ(c->connect_timeout_ns, 500 * 1000 * 1000);
+  EXPECT_FALSE(c->wan_latency_us.has_value());
+  EXPECT_FALSE(c->wan_speed_mbps.has_value());
+  c = ParseConfig(Env({{"STRAIT_WAN_LATENCY_US", "25000.5"}, {"STRAIT_WAN_SPEED_MBPS", "100"}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->wan_latency_us, 25000.5);
+  EXPECT_EQ(c->wan_speed_mbps, 100);
 }
 
 TEST(PluginConfig, BadValuesNameTheVariable) {
@@ -70,7 +76,12 @@ TEST(PluginConfig, BadValuesNameTheVariable) {
       {"STRAIT_SOCKET_IFNAME", "^"},
       {"STRAIT_REGION_MAP", ","},
       {"STRAIT_CONNECT_TIMEOUT", "2h"},
-      {"STRAIT_CONNECT_TIMEOUT", "soon"}};
+      {"STRAIT_CONNECT_TIMEOUT", "soon"},
+      {"STRAIT_WAN_LATENCY_US", "-1"},
+      {"STRAIT_WAN_LATENCY_US", "20ms"},
+      {"STRAIT_WAN_LATENCY_US", "nan"},
+      {"STRAIT_WAN_SPEED_MBPS", "0"},
+      {"STRAIT_WAN_SPEED_MBPS", "100.5"}};
   for (const auto& [var, value] : bad) {
     StatusOr<PluginConfig> c = ParseConfig(Env({{var, value}}));
     ASSERT_FALSE(c.ok()) << var << "=" << value;

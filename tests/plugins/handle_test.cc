@@ -1,10 +1,14 @@
-// The listen handle and connection wire messages: round trips, and every corruption rejected.
+// The listen handle and connection wire messages: round trips, and every corruption rejected;
+// the local-protocol frames the plugin writes itself, checked against straitd's own decoder.
 #include "plugins/nccl/handle.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <span>
+
+#include "gateway/local_protocol.h"
 
 namespace strait::nccl {
 namespace {
@@ -57,8 +61,8 @@ TEST(ListenHandle, ScratchIsOutsideTheChecksum) {
 TEST(ListenHandle, EveryCorruptionIsRejected) {
   unsigned char good[kHandleSize];
   ASSERT_TRUE(EncodeHandle(Sample(), good).ok());
-  // Flipping any bit of the checked part (0-103) must fail decoding.
-  for (size_t byte = 0; byte < 104; ++byte) {
+  // Flipping any bit of the checked part (0-115: fields and checksum) must fail decoding.
+  for (size_t byte = 0; byte < kListenChecksumOffset + 4; ++byte) {
     unsigned char buf[kHandleSize];
     std::memcpy(buf, good, sizeof(buf));
     buf[byte] ^= 0x01;
@@ -66,6 +70,134 @@ TEST(ListenHandle, EveryCorruptionIsRejected) {
   }
   unsigned char zeros[kHandleSize] = {};
   EXPECT_EQ(DecodeHandle(zeros).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ListenHandle, TunnelFieldsRoundTripAndOldVersionsAreRefused) {
+  static_assert(kHandleSize <= 128 && kHandleScratchOffset == 120);
+  ListenHandle h = Sample();
+  h.tunnel = true;
+  h.gateway_shard = 7;
+  h.listen_id = 0xabcdef0123456789ULL;
+  unsigned char buf[kHandleSize];
+  ASSERT_TRUE(EncodeHandle(h, buf).ok());
+  StatusOr<ListenHandle> back = DecodeHandle(buf);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->tunnel);
+  EXPECT_EQ(back->gateway_shard, 7u);
+  EXPECT_EQ(back->listen_id, 0xabcdef0123456789ULL);
+  EXPECT_EQ(back->region, "us-east");
+  // Without the flag the tunnel fields stay zero and are not read.
+  ASSERT_TRUE(EncodeHandle(Sample(), buf).ok());
+  back = DecodeHandle(buf);
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->tunnel);
+  EXPECT_EQ(buf[34], 0);
+  // A tunnel needs the gateway's region.
+  h.region.clear();
+  EXPECT_FALSE(EncodeHandle(h, buf).ok());
+  // A version-1 handle (the first slice) is refused by name.
+  ASSERT_TRUE(EncodeHandle(Sample(), buf).ok());
+  buf[4] = 1;
+  StatusOr<ListenHandle> old = DecodeHandle(buf);
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("version 1"), std::string::npos) << old.status();
+}
+
+// The frames the plugin encodes decode with straitd's decoder to the intended fields, and what
+// straitd encodes decodes with the plugin's.
+gateway::Message GatewayDecode(const std::vector<unsigned char>& frame) {
+  EXPECT_GE(frame.size(), 5u);
+  const uint32_t len = frame[0] | (frame[1] << 8) | (frame[2] << 16) | (uint32_t{frame[3]} << 24);
+  EXPECT_EQ(len, frame.size() - 4);
+  auto m = gateway::DecodeMessage(std::span<const uint8_t>(frame.data() + 4, frame.size() - 4));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *m : gateway::Message{};
+}
+
+TEST(GatewayFrames, PluginFramesDecodeWithStraitdsDecoder) {
+  gateway::Message m = GatewayDecode(EncodeLocalHello("nccl-net-strait"));
+  EXPECT_EQ(m.type, gateway::MessageType::kHello);
+  EXPECT_EQ(m.magic, gateway::kLocalMagic);
+  EXPECT_EQ(m.version, gateway::kLocalVersion);
+  EXPECT_EQ(m.client_name, "nccl-net-strait");
+  EXPECT_EQ(GatewayDecode(EncodeTunnelListen()).type, gateway::MessageType::kTunnelListen);
+  m = GatewayDecode(EncodeTunnelConnect("eu-west", 3, 0x1122334455667788ULL, 60000));
+  EXPECT_EQ(m.type, gateway::MessageType::kTunnelConnect);
+  EXPECT_EQ(m.tunnel_region, "eu-west");
+  EXPECT_EQ(m.tunnel_shard, 3u);
+  EXPECT_EQ(m.listen_id, 0x1122334455667788ULL);
+  EXPECT_EQ(m.timeout_ms, 60000u);
+  m = GatewayDecode(EncodeTunnelAccept(42));
+  EXPECT_EQ(m.type, gateway::MessageType::kTunnelAccept);
+  EXPECT_EQ(m.tunnel_id, 42u);
+  m = GatewayDecode(EncodeTunnelClose(StatusCode::kUnavailable, "bye"));
+  EXPECT_EQ(m.type, gateway::MessageType::kTunnelClose);
+  EXPECT_EQ(m.code, StatusCode::kUnavailable);
+  EXPECT_EQ(m.text, "bye");
+  // A data frame: head + payload; the gateway sees tag and data = chunk header + payload.
+  ChunkHeader c;
+  c.seq = 5;
+  c.message_size = 10;
+  c.offset = 4;
+  c.length = 6;
+  c.tag = 17;
+  std::vector<unsigned char> frame(kTunnelDataHead);
+  EncodeTunnelDataHead(c, frame.data());
+  for (int i = 0; i < 6; ++i) frame.push_back(static_cast<unsigned char>(0xa0 + i));
+  m = GatewayDecode(frame);
+  EXPECT_EQ(m.type, gateway::MessageType::kTunnelData);
+  EXPECT_EQ(m.tag, 17u);
+  ASSERT_EQ(m.data.size(), kChunkHeaderSize + 6);
+  const ChunkHeader d = DecodeChunkHeader(m.data.data());
+  EXPECT_EQ(d.seq, 5u);
+  EXPECT_EQ(d.offset, 4u);
+  EXPECT_EQ(d.length, 6u);
+  EXPECT_EQ(m.data.back(), 0xa5);
+}
+
+TEST(GatewayFrames, StraitdFramesDecodeWithThePluginsDecoder) {
+  gateway::Message reply;
+  reply.type = gateway::MessageType::kReply;
+  reply.reply_to = gateway::MessageType::kTunnelListen;
+  reply.code = StatusCode::kOk;
+  reply.text = "ok";
+  gateway::TunnelEvent ev;
+  ev.kind = gateway::TunnelEventKind::kListening;
+  ev.id = 99;
+  ev.shard = 2;
+  ev.region = "us-east";
+  reply.data = gateway::EncodeTunnelEvent(ev);
+  auto frame = gateway::EncodeMessage(reply);
+  ASSERT_TRUE(frame.ok());
+  StatusOr<LocalReply> r = DecodeLocalReply(frame->data() + 4, frame->size() - 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->reply_to, LocalType::kTunnelListen);
+  EXPECT_EQ(r->text, "ok");
+  StatusOr<TunnelEvent> e = DecodeTunnelEvent(r->data);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->kind, 1);
+  EXPECT_EQ(e->id, 99u);
+  EXPECT_EQ(e->shard, 2u);
+  EXPECT_EQ(e->region, "us-east");
+
+  gateway::Message close;
+  close.type = gateway::MessageType::kTunnelClose;
+  close.code = StatusCode::kUnavailable;
+  close.text = "peer gateway gone";
+  frame = gateway::EncodeMessage(close);
+  ASSERT_TRUE(frame.ok());
+  StatusOr<LocalReply> c = DecodeTunnelClose(frame->data() + 4, frame->size() - 4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->code, StatusCode::kUnavailable);
+  EXPECT_EQ(c->text, "peer gateway gone");
+
+  // Every truncation of a reply is an error, never a read past the end.
+  for (size_t n = 0; n + 4 < frame->size(); ++n) {
+    EXPECT_FALSE(DecodeTunnelClose(frame->data() + 4, n).ok()) << n;
+  }
+  auto rf = gateway::EncodeMessage(reply);
+  for (size_t n = 0; n < 8; ++n) EXPECT_FALSE(DecodeLocalReply(rf->data() + 4, n).ok()) << n;
+  EXPECT_FALSE(DecodeTunnelEvent(std::vector<unsigned char>(5, 1)).ok());
 }
 
 TEST(WireMessages, HelloReplyAndChunkHeaderRoundTrip) {

@@ -6,8 +6,12 @@
 // Protocol with the parent on stdin/stdout: the node prints "HANDLE <hex>" (its listen handle),
 // then reads "PEER <hex>" (the handle of rank+1). MODE:
 //   ring         exchange messages of several sizes, 32 in flight, a grouped receive; verify all
+//   ring-big     ring, with 4 KiB and 64 MiB messages too (the cross-region tests)
+//   close-inflight  start 8 MiB sends and receives, wait for one receive, then close both comms
+//                with the rest in flight (must neither crash nor hang)
 //   crash        connect, then exit at once without closing anything (a rank that dies)
 //   expect-loss  connect, then keep sending until the plugin reports the lost peer
+// After connecting every node prints "CONNECTED <n>", n = connect() calls that said "call again".
 // Exit status 0 means every check passed; failures are explained on stderr.
 #include <cstdio>
 #include <cstdlib>
@@ -73,9 +77,14 @@ void Wait(void* req, int* sizes, const std::string& what) {
   if (r != ncclSuccess) Die(what + ": test() returned " + std::to_string(r));
 }
 
-void Ring(void* send, void* recv, int prev) {
-  const size_t sizes[] = {0, 1, 4097, (size_t{1} << 20) + 13, size_t{8} << 20, size_t{16} << 20};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+void Ring(void* send, void* recv, int prev, bool big) {
+  std::vector<size_t> sizes = {0,        1, 4097, (size_t{1} << 20) + 13, size_t{8} << 20,
+                               size_t{16} << 20};
+  if (big) {
+    sizes.push_back(4096);
+    sizes.push_back(size_t{64} << 20);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
     const size_t size = sizes[i];
     std::vector<char> out(size), in(size + 64);
     FillPattern(out.data(), size, static_cast<uint64_t>(g_rank) * 1000 + i);
@@ -171,8 +180,42 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!err.empty()) Die(err);
+  std::cout << "CONNECTED " << pair.connect_nulls << std::endl;
   if (g_net->closeListen(listen) != ncclSuccess) Die("closeListen failed");
   const int prev = (g_rank + nranks - 1) % nranks;
+
+  if (mode == "close-inflight") {
+    constexpr int kN = 8;
+    const size_t size = size_t{8} << 20;
+    std::vector<std::vector<char>> in(kN, std::vector<char>(size)), out(kN);
+    std::vector<void*> rreq;
+    for (int i = 0; i < kN; ++i) {
+      void* data[1] = {in[i].data()};
+      size_t cap[1] = {size};
+      int tags[1] = {prev};
+      rreq.push_back(Recv(pair.recv, 1, data, cap, tags));
+    }
+    for (int i = 0; i < kN; ++i) {
+      out[i].assign(size, static_cast<char>(i));
+      void* req = nullptr;
+      // The peer may close first (it saw its first message): a remote error ends the sending.
+      const ncclResult_t r =
+          g_net->isend(pair.send, out[i].data(), size, g_rank, nullptr, nullptr, &req);
+      if (r == ncclRemoteError) break;
+      if (r != ncclSuccess || req == nullptr) Die("isend with requests in flight failed");
+    }
+    // Traffic flows both ways; then both comms close under the remaining requests.
+    // The peer may already be closing its side: a remote error is as fine as data here.
+    const ncclResult_t first = WaitRequest(g_net, rreq[0], nullptr);
+    if (first != ncclSuccess && first != ncclRemoteError) {
+      Die("first in-flight receive: test() returned " + std::to_string(first));
+    }
+    if (g_net->closeSend(pair.send) != ncclSuccess) Die("closeSend with requests in flight failed");
+    if (g_net->closeRecv(pair.recv) != ncclSuccess) Die("closeRecv with requests in flight failed");
+    if (g_net->finalize(ctx) != ncclSuccess) Die("finalize failed");
+    std::printf("OK\n");
+    return 0;
+  }
 
   if (mode == "crash") std::_Exit(0);  // a rank that dies: no close, no finalize
   if (mode == "expect-loss") {
@@ -193,7 +236,7 @@ int main(int argc, char** argv) {
     }
     Die("the lost peer was never reported");
   }
-  Ring(pair.send, pair.recv, prev);
+  Ring(pair.send, pair.recv, prev, mode == "ring-big");
   if (g_net->closeSend(pair.send) != ncclSuccess) Die("closeSend failed");
   if (g_net->closeRecv(pair.recv) != ncclSuccess) Die("closeRecv failed");
   if (g_net->finalize(ctx) != ncclSuccess) Die("finalize failed");

@@ -1,0 +1,578 @@
+// CollNet (plugins/nccl/collnet.h): the ABI layout of the CollNet tables, the listen handle and
+// the group plan as unit tests; then end to end: two regions ("us", "eu") of two straitd
+// processes each on 127.0.0.1 (configs as in tests/gateway/straitd_region_test.cc) and four node
+// heads, each a collnet_node process that dlopens libnccl-net-strait.so with STRAIT_GATEWAY
+// pointing at its own straitd and drives a CollNet table as NCCL does: connect, every claimed
+// type x op with odd counts, many in flight, checked against a reference and bit-identical on
+// all four heads; a lossy policy; the v10 and v8 tables; and bad environments, which make listen
+// or connect fail cleanly on every head. Last, a stand-in straitd (the test's own local-protocol
+// server) that echoes (a tensor over 16 MiB goes as two region all-reduces) or drops the
+// connection in the middle of an operation (the request fails, no hang).
+#include "plugins/nccl/collnet.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gateway/local_protocol.h"
+#include "plugins/nccl/nccl_net.h"
+
+extern char** environ;
+
+namespace strait::nccl {
+namespace {
+
+// ---- ABI and unit tests ---------------------------------------------------------------------
+
+#define SLOT(table, field, index) \
+  static_assert(offsetof(table, field) == (index) * sizeof(void*), #table "." #field)
+SLOT(ncclCollNet_v11_t, init, 1);
+SLOT(ncclCollNet_v11_t, getProperties, 3);
+SLOT(ncclCollNet_v11_t, connect, 5);
+SLOT(ncclCollNet_v11_t, reduceSupport, 6);
+SLOT(ncclCollNet_v11_t, iallreduce, 10);
+SLOT(ncclCollNet_v11_t, iallgather, 11);
+SLOT(ncclCollNet_v11_t, ireducescatter, 12);
+SLOT(ncclCollNet_v11_t, iflush, 13);
+SLOT(ncclCollNet_v11_t, test, 14);
+SLOT(ncclCollNet_v11_t, closeColl, 15);
+SLOT(ncclCollNet_v11_t, closeListen, 16);
+SLOT(ncclCollNet_v11_t, makeVDevice, 17);
+SLOT(ncclCollNet_v11_t, finalize, 18);
+SLOT(ncclCollNet_v10_t, iallreduce, 10);
+SLOT(ncclCollNet_v10_t, makeVDevice, 17);
+SLOT(ncclCollNet_v8_t, iallreduce, 10);
+SLOT(ncclCollNet_v8_t, closeListen, 16);
+#undef SLOT
+static_assert(offsetof(ncclNetSGE_v11_t, size) == 16 && offsetof(ncclNetSGE_v8_t, size) == 16);
+
+CollNetHandle MakeHandle(const std::string& region, uint32_t shard, uint64_t nonce) {
+  CollNetHandle h;
+  h.region = region;
+  h.shard = shard;
+  h.nonce = nonce;
+  h.job_hash = CollNetJobHash("job");
+  h.compression = 2;
+  return h;
+}
+
+TEST(CollNetHandle, RoundTripsAndRejectsEveryCorruptedByte) {
+  unsigned char buf[kNcclNetHandleMaxSize];
+  EncodeCollNetHandle(MakeHandle("eu-west.1", 3, 0x1122334455667788ull), buf);
+  auto h = DecodeCollNetHandle(buf);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->region, "eu-west.1");
+  EXPECT_EQ(h->shard, 3u);
+  EXPECT_EQ(h->nonce, 0x1122334455667788ull);
+  EXPECT_EQ(h->job_hash, CollNetJobHash("job"));
+  EXPECT_EQ(h->compression, 2);
+  for (size_t i = 0; i < 100; ++i) {
+    unsigned char bad[kNcclNetHandleMaxSize];
+    std::memcpy(bad, buf, sizeof(bad));
+    bad[i] ^= 0x40;
+    EXPECT_FALSE(DecodeCollNetHandle(bad).ok()) << "byte " << i;
+  }
+  unsigned char zero[kNcclNetHandleMaxSize] = {};
+  EXPECT_NE(DecodeCollNetHandle(zero).status().message().find("magic"), std::string::npos);
+}
+
+TEST(CollNetHandle, CompressionCodes) {
+  EXPECT_EQ(*CollNetCompressionCode("auto"), 0);
+  EXPECT_EQ(*CollNetCompressionCode("fp8"), 5);
+  EXPECT_FALSE(CollNetCompressionCode("int7").ok());
+}
+
+TEST(CollNetGroupPlan, AcceptsFullRegionsAndDerivesOneCommId) {
+  std::vector<CollNetHandle> hs = {MakeHandle("us", 1, 11), MakeHandle("eu", 0, 12),
+                                   MakeHandle("us", 0, 13), MakeHandle("eu", 1, 14)};
+  auto g = PlanCollNetGroup(hs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->regions, 2);
+  EXPECT_EQ(g->heads_per_region, 2);
+  // Another group (other nonces, or another order) gets another id.
+  std::swap(hs[0], hs[2]);
+  auto g2 = PlanCollNetGroup(hs);
+  ASSERT_TRUE(g2.ok());
+  EXPECT_NE(g2->comm_id, g->comm_id);
+}
+
+TEST(CollNetGroupPlan, RejectsInconsistentGroupsNamingTheCause) {
+  auto msg = [](std::vector<CollNetHandle> hs) {
+    auto g = PlanCollNetGroup(hs);
+    EXPECT_FALSE(g.ok());
+    return g.ok() ? std::string() : g.status().message();
+  };
+  std::vector<CollNetHandle> job = {MakeHandle("us", 0, 1), MakeHandle("eu", 0, 2)};
+  job[1].job_hash = CollNetJobHash("other");
+  EXPECT_NE(msg(job).find("STRAIT_JOB_ID"), std::string::npos);
+  std::vector<CollNetHandle> comp = {MakeHandle("us", 0, 1), MakeHandle("eu", 0, 2)};
+  comp[1].compression = 3;
+  EXPECT_NE(msg(comp).find("STRAIT_COMPRESSION"), std::string::npos);
+  EXPECT_NE(msg({MakeHandle("us", 0, 1), MakeHandle("us", 0, 2)}).find("own straitd"),
+            std::string::npos);
+  EXPECT_NE(msg({MakeHandle("us", 1, 1), MakeHandle("eu", 0, 2)}).find("shard"), std::string::npos);
+  EXPECT_NE(msg({MakeHandle("us", 0, 1), MakeHandle("us", 1, 2), MakeHandle("eu", 0, 3)})
+                .find("same number of node heads"),
+            std::string::npos);
+  EXPECT_NE(msg({MakeHandle("us", 0, 1), MakeHandle("eu", 0, 1)}).find("share"), std::string::npos);
+}
+
+TEST(CollNetReduceSupport, EveryTypeWithSumProdMaxMinAndNothingElse) {
+  for (int t = 0; t < 12; ++t) {
+    for (int op = 0; op < 4; ++op) EXPECT_TRUE(CollNetReduceSupported(t, op)) << t << " " << op;
+    EXPECT_FALSE(CollNetReduceSupported(t, 4)) << "avg would divide by the heads, not the ranks";
+  }
+  EXPECT_FALSE(CollNetReduceSupported(12, 0));
+  EXPECT_FALSE(CollNetReduceSupported(-1, 0));
+  EXPECT_FALSE(CollNetReduceSupported(0, 5));
+}
+
+// ---- end to end -----------------------------------------------------------------------------
+
+constexpr int kRegions = 2;
+constexpr int kGateways = 2;  // per region
+constexpr int kHeads = kRegions * kGateways;
+const char* const kRegionNames[kRegions] = {"us", "eu"};
+
+std::string NodeName(int node) {
+  return std::string(kRegionNames[node / kGateways]) + std::to_string(node % kGateways);
+}
+
+std::vector<uint16_t> FreePorts(int n) {
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "cannot get a free port";
+    }
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+// What one node head runs with.
+struct HeadSpec {
+  int version = 11;
+  std::string mode = "all";
+  std::map<std::string, std::string> env;  // STRAIT_* overrides ("" value: unset)
+};
+
+struct Head {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+  std::string output;
+  std::string result_file;
+  int exit_code = -1;
+};
+
+class CollNetEndToEnd : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/strait-collnet-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = new std::string(tmpl);
+    pids_ = new std::vector<pid_t>();
+    const std::vector<uint16_t> ports = FreePorts(kHeads);
+    std::string peers;
+    for (int r = 0; r < kRegions; ++r) {
+      peers += "[peers." + std::string(kRegionNames[r]) + "]\n";
+      for (int i = 0; i < kGateways; ++i) {
+        peers += "shard_" + std::to_string(i) +
+                 " = \"127.0.0.1:" + std::to_string(ports[size_t(r * kGateways + i)]) + "\"\n";
+      }
+    }
+    for (int node = 0; node < kHeads; ++node) {
+      std::string c = "region = \"" + std::string(kRegionNames[node / kGateways]) +
+                      "\"\nshard_index = " + std::to_string(node % kGateways) + "\n";
+      c += "[local]\nsocket = \"" + Socket(node) + "\"\nallowed_uids = [" +
+           std::to_string(::getuid()) + "]\n";
+      c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(ports[size_t(node)]) +
+           "\"\ntransport = \"plain\"\n";
+      c += peers;
+      c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"10s\"\n";
+      c += "[policy]\nmin_lossy_bytes = \"4KiB\"\n";
+      c += "[allreduce]\ndeadline = \"20s\"\nshutdown_grace = \"2s\"\n";
+      const std::string file = *dir_ + "/" + NodeName(node) + ".toml";
+      std::ofstream(file) << c;
+      std::vector<std::string> args = {STRAITD_PATH, "--config", file};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      pid_t pid = 0;
+      ASSERT_EQ(::posix_spawn(&pid, STRAITD_PATH, nullptr, nullptr, argv.data(), environ), 0);
+      pids_->push_back(pid);
+    }
+    // Each daemon is serving once its socket exists.
+    for (int node = 0; node < kHeads; ++node) {
+      struct stat st {};
+      for (int i = 0; i < 200 && ::stat(Socket(node).c_str(), &st) != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      ASSERT_EQ(::stat(Socket(node).c_str(), &st), 0)
+          << "straitd " << NodeName(node) << " did not create its socket";
+    }
+  }
+
+  static void TearDownTestSuite() {
+    for (pid_t pid : *pids_) ::kill(pid, SIGKILL);
+    for (pid_t pid : *pids_) ::waitpid(pid, nullptr, 0);
+    std::string cmd = "rm -rf '" + *dir_ + "'";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    delete pids_;
+    delete dir_;
+  }
+
+  static std::string Socket(int node) { return *dir_ + "/" + NodeName(node) + ".sock"; }
+
+  // Starts one head per spec (head i on straitd i unless its env says otherwise), answers their
+  // handles with the whole group and waits for them all to exit.
+  std::vector<Head> RunHeads(const std::vector<HeadSpec>& specs, const std::string& job) {
+    std::vector<Head> heads;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::map<std::string, std::string> env = {
+          {"STRAIT_GATEWAY", Socket(int(i))}, {"STRAIT_JOB_ID", job},
+          {"STRAIT_COMPRESSION", "zstd"},     {"STRAIT_REGION", kRegionNames[i / kGateways]},
+          {"STRAIT_SOCKET_IFNAME", "lo"},     {"STRAIT_CONNECT_TIMEOUT", "20s"},
+      };
+      for (const auto& [k, v] : specs[i].env) env[k] = v;
+      Head h;
+      h.result_file = *dir_ + "/" + job + "-" + std::to_string(i) + ".bin";
+      Spawn(specs[i], env, &h);
+      heads.push_back(std::move(h));
+    }
+    ReadUntilAll(heads, {"HANDLE ", "LISTEN-FAILED"}, 30);
+    std::string group = "GROUP";
+    bool all_listened = true;
+    for (const Head& h : heads) {
+      const size_t at = h.output.find("HANDLE ");
+      if (at == std::string::npos) {
+        all_listened = false;
+        continue;
+      }
+      group += " " + h.output.substr(at + 7, 2 * kNcclNetHandleMaxSize);
+    }
+    for (size_t r = 0; r < heads.size(); ++r) {
+      if (!all_listened) break;  // nodes whose listen failed have exited; close the others
+      const std::string line = "GROUP " + std::to_string(r) + " " + std::to_string(heads.size()) +
+                               group.substr(5) + "\n";
+      EXPECT_EQ(::write(heads[r].in, line.data(), line.size()), ssize_t(line.size()));
+    }
+    for (Head& h : heads) ::close(h.in);
+    ReadUntilAll(heads, {"\n<EOF>"}, 60);
+    for (Head& h : heads) {
+      int status = 0;
+      if (::waitpid(h.pid, &status, WNOHANG) == 0) {
+        ::kill(h.pid, SIGKILL);
+        ::waitpid(h.pid, &status, 0);
+        h.output += "\n<killed after the deadline>";
+      }
+      h.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      ::close(h.out);
+    }
+    return heads;
+  }
+
+  static void Spawn(const HeadSpec& spec, const std::map<std::string, std::string>& env, Head* h) {
+    int to_child[2];
+    int from_child[2];
+    ASSERT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(from_child, O_CLOEXEC), 0);
+    // The child's environment: ours without STRAIT_*, plus the spec's (built before fork).
+    std::vector<std::string> envs;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "STRAIT_", 7) != 0) envs.emplace_back(*e);
+    }
+    for (const auto& [k, v] : env) {
+      if (!v.empty()) envs.push_back(k + "=" + v);
+    }
+    std::vector<char*> envp;
+    for (auto& e : envs) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = {STRAIT_COLLNET_NODE, STRAIT_NCCL_PLUGIN_PATH,
+                                     std::to_string(spec.version), spec.mode, h->result_file};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(to_child[0], STDIN_FILENO);
+      ::dup2(from_child[1], STDOUT_FILENO);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    h->pid = pid;
+    h->in = to_child[1];
+    h->out = from_child[0];
+  }
+
+  // Reads every head's stdout until each has printed one of `marks` (EOF counts as "\n<EOF>").
+  static void ReadUntilAll(std::vector<Head>& heads, const std::vector<std::string>& marks,
+                           double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    auto has_mark = [&](const Head& h) {
+      for (const auto& m : marks) {
+        if (h.output.find(m) != std::string::npos) return true;
+      }
+      return h.output.find("\n<EOF>") != std::string::npos;
+    };
+    while (true) {
+      std::vector<pollfd> fds;
+      for (const Head& h : heads) {
+        if (!has_mark(h)) fds.push_back({h.out, POLLIN, 0});
+      }
+      if (fds.empty()) return;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return;
+      if (::poll(fds.data(), fds.size(), int(left.count())) <= 0) continue;
+      for (const pollfd& p : fds) {
+        if ((p.revents & (POLLIN | POLLHUP)) == 0) continue;
+        for (Head& h : heads) {
+          if (h.out != p.fd) continue;
+          char buf[4096];
+          const ssize_t got = ::read(h.out, buf, sizeof(buf));
+          if (got > 0) {
+            h.output.append(buf, size_t(got));
+          } else {
+            h.output += "\n<EOF>";
+          }
+        }
+      }
+    }
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+
+  static void ExpectAllOk(const std::vector<Head>& heads) {
+    for (size_t i = 0; i < heads.size(); ++i) {
+      EXPECT_EQ(heads[i].exit_code, 0) << "head " << i << " output:\n" << heads[i].output;
+      EXPECT_NE(heads[i].output.find("\nOK"), std::string::npos) << heads[i].output;
+    }
+    const std::string first = ReadFile(heads[0].result_file);
+    EXPECT_FALSE(first.empty());
+    for (size_t i = 1; i < heads.size(); ++i) {
+      EXPECT_TRUE(ReadFile(heads[i].result_file) == first)
+          << "head " << i << "'s results differ from head 0's";
+    }
+  }
+
+  static std::string* dir_;
+  static std::vector<pid_t>* pids_;
+};
+
+std::string* CollNetEndToEnd::dir_ = nullptr;
+std::vector<pid_t>* CollNetEndToEnd::pids_ = nullptr;
+
+TEST_F(CollNetEndToEnd, EveryTypeAndOpMatchesTheReferenceBitIdenticallyOnFourHeads) {
+  std::vector<HeadSpec> specs(kHeads);
+  ExpectAllOk(RunHeads(specs, "all"));
+}
+
+TEST_F(CollNetEndToEnd, LossyPolicyGivesEveryHeadTheSameBytes) {
+  std::vector<HeadSpec> specs(kHeads);
+  for (HeadSpec& s : specs) {
+    s.mode = "lossy";
+    s.env["STRAIT_COMPRESSION"] = "int8";
+  }
+  ExpectAllOk(RunHeads(specs, "lossy"));
+}
+
+TEST_F(CollNetEndToEnd, V10AndV8TablesWorkTogether) {
+  std::vector<HeadSpec> specs(kHeads);
+  for (int i = 0; i < kHeads; ++i) {
+    specs[size_t(i)].mode = "small";
+    specs[size_t(i)].version = i % 2 == 0 ? 10 : 8;
+  }
+  ExpectAllOk(RunHeads(specs, "older"));
+}
+
+// Every head of the group must fail connect (no comm: NCCL falls back) with a WARN naming what.
+void ExpectConnectFailsEverywhere(const std::vector<Head>& heads, const std::string& why) {
+  for (size_t i = 0; i < heads.size(); ++i) {
+    EXPECT_EQ(heads[i].exit_code, 0) << heads[i].output;
+    EXPECT_NE(heads[i].output.find("CONNECT-FAILED 4"), std::string::npos) << "head " << i << ":\n"
+                                                                           << heads[i].output;
+    EXPECT_NE(heads[i].output.find(why), std::string::npos) << heads[i].output;
+  }
+}
+
+TEST_F(CollNetEndToEnd, MismatchedJobIdsFailConnectOnEveryHead) {
+  std::vector<HeadSpec> specs(kHeads);
+  for (HeadSpec& s : specs) s.mode = "small";
+  specs[3].env["STRAIT_JOB_ID"] = "another-job";
+  ExpectConnectFailsEverywhere(RunHeads(specs, "mismatch"), "STRAIT_JOB_ID");
+}
+
+TEST_F(CollNetEndToEnd, TwoHeadsOnOneStraitdFailConnectOnEveryHead) {
+  std::vector<HeadSpec> specs(kHeads);
+  for (HeadSpec& s : specs) s.mode = "small";
+  specs[1].env["STRAIT_GATEWAY"] = Socket(0);  // us0 twice, us1 unused
+  ExpectConnectFailsEverywhere(RunHeads(specs, "shared"), "own straitd");
+}
+
+// A stand-in for straitd on a Unix socket, in this process: it answers hello, register-job and
+// tunnel-listen (region "us", shard 0) like straitd, answers the first `answered` region
+// all-reduces with their own data (a group of one head: the sum is the input), and closes the
+// connection on the next one, as a gateway that dies mid-operation would.
+class FakeGateway {
+ public:
+  FakeGateway(std::string path, int answered) : path_(std::move(path)), answered_(answered) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path_.c_str(), sizeof(a.sun_path) - 1);
+    ::unlink(path_.c_str());
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    accept_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FakeGateway() {
+    stop_ = true;
+    accept_.join();
+    for (auto& t : serving_) t.join();
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  int region_allreduces() const { return region_allreduces_.load(); }
+  // The element count of every answered region all-reduce, in arrival order.
+  std::vector<uint64_t> counts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) serving_.emplace_back([this, c] { Serve(c); });
+    }
+  }
+  void Serve(int c) {
+    using gateway::Message;
+    using gateway::MessageType;
+    while (!stop_) {
+      pollfd p{c, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      auto body =
+          gateway::ReadFrame(c, gateway::kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
+      if (!body.ok()) break;
+      auto m = gateway::DecodeMessage(*body);
+      if (!m.ok()) break;
+      Message reply;
+      reply.type = MessageType::kReply;
+      reply.reply_to = m->type;
+      if (m->type == MessageType::kTunnelListen) {
+        reply.data = gateway::EncodeTunnelEvent({gateway::TunnelEventKind::kListening, 1, 0, "us"});
+      } else if (m->type == MessageType::kRegionAllReduce) {
+        if (++region_allreduces_ > answered_) break;  // "dies" mid-operation
+        std::lock_guard<std::mutex> lock(mu_);
+        counts_.push_back(m->count);
+        reply.data = m->data;
+      }
+      auto frame = gateway::EncodeMessage(reply);
+      if (!frame.ok() || !gateway::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
+    }
+    ::close(c);
+  }
+
+  const std::string path_;
+  const int answered_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> region_allreduces_{0};
+  std::mutex mu_;
+  std::vector<uint64_t> counts_;
+  std::thread accept_;
+  std::vector<std::thread> serving_;  // touched by the accept thread only, until the join
+};
+
+TEST_F(CollNetEndToEnd, GatewayLostMidOperationFailsTheRequestNotAHang) {
+  FakeGateway fake(*dir_ + "/fake.sock", /*answered=*/1);  // the connect barrier only
+  std::vector<HeadSpec> specs(1);
+  specs[0].mode = "fail";
+  specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/fake.sock";
+  std::vector<Head> heads = RunHeads(specs, "lost");
+  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+  EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
+  EXPECT_NE(heads[0].output.find("straitd closed the connection"), std::string::npos)
+      << heads[0].output;
+  EXPECT_EQ(fake.region_allreduces(), 2);
+}
+
+TEST_F(CollNetEndToEnd, TensorsOverSixteenMiBGoAsSeveralRegionAllReduces) {
+  FakeGateway fake(*dir_ + "/echo.sock", /*answered=*/1000);
+  std::vector<HeadSpec> specs(1);
+  specs[0].mode = "pieces";
+  specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/echo.sock";
+  std::vector<Head> heads = RunHeads(specs, "pieces");
+  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+  EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
+  // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3.
+  const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
+  EXPECT_EQ(fake.counts(), want);
+}
+
+TEST_F(CollNetEndToEnd, BadEnvironmentFailsListenWithAClearWarning) {
+  struct Case {
+    std::map<std::string, std::string> env;
+    int result;
+    std::string warning;
+  };
+  const std::vector<Case> cases = {
+      {{{"STRAIT_GATEWAY", ""}}, ncclInvalidUsage, "CollNet needs STRAIT_GATEWAY"},
+      {{{"STRAIT_JOB_ID", ""}}, ncclInvalidUsage, "CollNet needs STRAIT_JOB_ID"},
+      {{{"STRAIT_GATEWAY", "/nonexistent/straitd.sock"}}, ncclRemoteError, "cannot reach straitd"},
+      {{{"STRAIT_REGION", "eu"}}, ncclInvalidArgument, "serves region \"us\""},
+  };
+  for (const Case& c : cases) {
+    std::vector<HeadSpec> specs(1);
+    specs[0].mode = "small";
+    specs[0].env = c.env;
+    std::vector<Head> heads = RunHeads(specs, "badenv");
+    EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+    EXPECT_NE(heads[0].output.find("LISTEN-FAILED " + std::to_string(c.result)), std::string::npos)
+        << heads[0].output;
+    EXPECT_NE(heads[0].output.find(c.warning), std::string::npos) << heads[0].output;
+  }
+}
+
+}  // namespace
+}  // namespace strait::nccl
