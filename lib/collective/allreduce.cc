@@ -242,11 +242,27 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
   // A one-rank ring is the mesh (the owner talks only to itself).
   Status status = ctx.plan.algorithm == Algorithm::kRing && ctx.world > 1 ? internal::RunRing(ctx)
                                                                           : RunMesh(ctx);
-  // On success, the sends handed over must also have gone through (NetTransport: acknowledged)
-  // for the operation to count as done. After a failure there is nothing to wait for: the
-  // completions hold only shared state, and the transport owns the bytes.
+  // On success this rank's result is complete, and the operation is done here without waiting
+  // for the acknowledgements of its last sends (one round trip and more behind busy streams,
+  // 40-200 ms per step over a WAN). Waiting would protect nothing of this rank: the transport
+  // owns the bytes and the completions hold only shared state, so they may run later; every
+  // result came back, so every owner had this rank's inputs; what may still be in flight are
+  // frames other ranks need (this rank's owner results, the ring's forwards), and a rank that
+  // does not get them fails on its own (the link's failure or its deadline, naming this rank)
+  // and aborts, which restarts the numbering everywhere, as for any failure of a peer. A send
+  // that has already failed still fails the operation here. (The gateway flushes its links
+  // before it shuts down, so that a result in flight is not cut off by a SIGTERM.)
   const int64_t ack_wait_start = MonotonicNanos();
-  if (status.ok()) status = ctx.sends.Wait(request.deadline);
+  if (status.ok()) {
+    // An expired deadline: Wait reports a send that failed already and does not block; pending
+    // sends alone give kDeadlineExceeded, which is not a failure while the operation's own
+    // deadline holds (a send that failed by its deadline means that one has passed).
+    Status sent = ctx.sends.Wait(Deadline::After(0));
+    if (!sent.ok() &&
+        (sent.code() != StatusCode::kDeadlineExceeded || request.deadline.Expired())) {
+      status = std::move(sent);
+    }
+  }
   const int64_t ack_wait_ns = MonotonicNanos() - ack_wait_start;
   // Tell the other ranks, unless this failure is their abort reaching us (kAborted): echoing it
   // would only repeat the cause under this rank's name.

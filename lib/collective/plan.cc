@@ -1,9 +1,12 @@
 // MakePlan: shard split by largest remainder in 128-bit integer arithmetic (no floating point,
 // so that ranks on different CPUs and compilers agree), then fixed-size chunks per shard.
+// BalancedShardWeights: the busiest-link linear program (plan.h), snapped to integers.
 #include "collective/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
 
 #include "collective/transport.h"
 
@@ -88,6 +91,94 @@ std::vector<size_t> SplitUnits(size_t units, const std::vector<uint64_t>& weight
 }
 
 }  // namespace
+
+StatusOr<std::vector<uint64_t>> BalancedShardWeights(const std::vector<uint64_t>& rates,
+                                                     int world) {
+  if (world < 1) {
+    return InvalidArgumentError("shard weights: world size " + std::to_string(world) +
+                                " must be at least 1");
+  }
+  const size_t n = static_cast<size_t>(world);
+  if (rates.size() != n * n) {
+    return InvalidArgumentError("shard weights: the rate matrix must hold world*world = " +
+                                std::to_string(n * n) + " entries, not " +
+                                std::to_string(rates.size()));
+  }
+  const std::vector<uint64_t> equal(n, 1);
+  if (n <= 2) return equal;
+  // Pair capacities: the slower direction; any unknown rate means nothing to balance on.
+  std::vector<std::pair<size_t, size_t>> pairs;
+  std::vector<uint64_t> cap;
+  uint64_t cap_max = 0, cap_min = UINT64_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      const uint64_t c = std::min(rates[i * n + j], rates[j * n + i]);
+      if (c == 0) return equal;
+      pairs.emplace_back(i, j);
+      cap.push_back(c);
+      cap_max = std::max(cap_max, c);
+      cap_min = std::min(cap_min, c);
+    }
+  }
+  // Dense simplex on capacities scaled to <= 1 (so the tableau's numbers stay near 1): x, then
+  // one slack per pair, then the right-hand side. The origin is feasible: no first phase.
+  const double scale = static_cast<double>(cap_max);
+  const size_t m = pairs.size(), cols = n + m;
+  std::vector<std::vector<double>> a(m + 1, std::vector<double>(cols + 1, 0.0));
+  std::vector<size_t> basis(m);
+  for (size_t r = 0; r < m; ++r) {
+    a[r][pairs[r].first] = 1;
+    a[r][pairs[r].second] = 1;
+    a[r][n + r] = 1;
+    a[r][cols] = static_cast<double>(cap[r]) / scale;
+    basis[r] = n + r;
+  }
+  for (size_t j = 0; j < n; ++j) a[m][j] = -1;  // the objective row: z - sum(x) = 0
+  constexpr double kEps = 1e-12;
+  for (int iter = 0; iter < 100000; ++iter) {
+    size_t enter = cols;  // Bland: the lowest improving column (no cycling)
+    for (size_t j = 0; j < cols && enter == cols; ++j) {
+      if (a[m][j] < -kEps) enter = j;
+    }
+    if (enter == cols) break;  // optimal
+    size_t leave = m;
+    double best = 0;
+    for (size_t r = 0; r < m; ++r) {
+      if (a[r][enter] <= kEps) continue;
+      const double ratio = a[r][cols] / a[r][enter];
+      if (leave == m || ratio < best - kEps ||
+          (std::fabs(ratio - best) <= kEps && basis[r] < basis[leave])) {
+        leave = r;
+        best = ratio;
+      }
+    }
+    if (leave == m) break;  // unbounded: impossible, every x_i is in a capped pair
+    const double pivot = a[leave][enter];
+    for (double& v : a[leave]) v /= pivot;
+    for (size_t r = 0; r <= m; ++r) {
+      if (r == leave || a[r][enter] == 0) continue;
+      const double factor = a[r][enter];
+      for (size_t j = 0; j <= cols; ++j) a[r][j] -= factor * a[leave][j];
+    }
+    basis[leave] = enter;
+  }
+  // Snap to the half-integral vertex: w_i = 2 x_i in the rates' unit, at least 1.
+  std::vector<uint64_t> w(n, 1);
+  for (size_t r = 0; r < m; ++r) {
+    if (basis[r] >= n) continue;
+    // Clamped below 2^64 (rates that large are not link rates; they must only not overflow).
+    const double twice = std::min(2.0 * std::max(0.0, a[r][cols]) * scale, 1.8e19);
+    w[basis[r]] = std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(twice + 0.5)));
+  }
+  // Worth it only when the busiest link gets kBalancedMinGainPercent faster than with the even
+  // split: T_even = (2/n) / cap_min, T = 1 / sum(x) = 2 / sum(w), so the condition is
+  // sum(w) * 100 >= (100 + gain) * n * cap_min.
+  __extension__ typedef unsigned __int128 u128;
+  u128 total = 0;
+  for (uint64_t v : w) total += v;
+  if (total * 100 < static_cast<u128>(100 + kBalancedMinGainPercent) * n * cap_min) return equal;
+  return w;
+}
 
 const char* AlgorithmName(Algorithm algorithm) noexcept {
   switch (algorithm) {

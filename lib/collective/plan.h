@@ -77,6 +77,32 @@ struct Plan {
   }
 };
 
+// ---- Shard weights from measured link rates --------------------------------------------------
+//
+// Link j -> i carries owner i's shard (phase 1) and owner j's result (phase 2), so with shares s
+// the busiest link takes max over pairs {i, j} of (s_i + s_j) / c_ij, c_ij the slower direction
+// of the pair. BalancedShardWeights picks the shares that minimise that: the linear program
+// max sum(x) subject to x_i + x_j <= c_ij, x >= 0 (then s = x / sum(x)), solved by a dense
+// simplex with Bland's rule. With 200/100/50 Mbit/s pairs 0-1/0-2/1-2 the optimum is
+// (2/3, 1/3, ~0): half the even split's busiest-link time, where weighting each owner by its
+// slowest link gains only 1.32x.
+//
+// The result must be the same on every gateway that computes it from the same matrix. The
+// optimum of this program with integer capacities lies on a half-integral vertex, so the floating
+// point solution is snapped to half-units and the weights are 2x in integers (>= 1: every owner
+// keeps at least one unit): a last-bit difference between CPUs cannot change them. Equal weights
+// (all 1) when:
+//   - world <= 2 (every split loads the one pair equally),
+//   - any off-diagonal rate is 0 (unknown: nothing to balance on),
+//   - the optimum beats the even split's busiest link by less than kBalancedMinGainPercent
+//     (measured rates are never exactly equal; small differences are noise, not a reason to move
+//     shards and their error-feedback residuals around). Decided in integers.
+// `rates` holds world * world entries, rates[i * world + j] = measured rate from i to j in any
+// unit (bytes/s here); the diagonal is ignored. kInvalidArgument for a wrong length or world < 1.
+inline constexpr uint64_t kBalancedMinGainPercent = 10;
+StatusOr<std::vector<uint64_t>> BalancedShardWeights(const std::vector<uint64_t>& rates,
+                                                     int world);
+
 // Errors (kInvalidArgument unless said): world < 1; weights of the wrong length or containing 0;
 // align or chunk_elements 0; more than kMaxTagChunks chunks ("raise chunk_elements"); links of
 // the wrong length; kFailedPrecondition when the requested algorithm's links are missing.

@@ -157,8 +157,7 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   m.count = count;
   const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
   m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  m.data.assign(bytes, bytes + count * elem);
+  const size_t bytes = count * elem;
   // The gateway gives up at `deadline`; wait a moment longer for its answer, which says which
   // peer or phase was late, rather than reporting a bare local timeout.
   const Deadline reply_by =
@@ -166,14 +165,68 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
           ? deadline
           : Deadline::After(deadline.RemainingNanos() +
                             std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
-  STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, reply_by));
-  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
-  if (reply.data.size() != count * elem) {
-    broken_ = true;
-    return InternalError("gateway returned " + std::to_string(reply.data.size()) +
-                         " bytes for an all-reduce of " + std::to_string(count * elem));
+  if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  // The tensor goes out straight from the caller's buffer and the result comes back straight
+  // into it: no tensor-sized buffer is allocated (and faulted in) per call on this side.
+  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, bytes));
+  Status s = WriteAll(fd_, head, reply_by);
+  if (s.ok() && bytes > 0) {
+    s = WriteAll(fd_, std::span<const uint8_t>(static_cast<const uint8_t*>(data), bytes),
+                 reply_by);
   }
-  if (count > 0) std::memcpy(data, reply.data.data(), reply.data.size());
+  if (!s.ok()) {
+    broken_ = true;
+    return s;
+  }
+  return ReadAllReduceReply(type, data, bytes, reply_by);
+}
+
+Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline) {
+  // Every failure to read a well-formed reply leaves the connection out of step: broken.
+  auto fail = [this](Status s) {
+    broken_ = true;
+    return s;
+  };
+  auto length = ReadFrameLength(fd_, kDefaultMaxMessageBytes, deadline);
+  if (!length.ok()) return fail(length.status());
+  // The reply's head: type, reply type, code, text length (kReply's fixed fields), then the text;
+  // the rest of the body is the result. A body too short for a head is decoded for its error.
+  constexpr size_t kFixedHead = 1 + 1 + 4 + 2;
+  std::vector<uint8_t> head(std::min<size_t>(*length, kFixedHead));
+  if (Status s = ReadFrameBytes(fd_, head, deadline); !s.ok()) return fail(s);
+  const size_t have = head.size();
+  size_t head_size = *length;  // not a reply's head: read it all; DecodeMessage says what is wrong
+  if (have == kFixedHead && head[0] == static_cast<uint8_t>(MessageType::kReply)) {
+    head_size = std::min<size_t>(*length, kFixedHead + (size_t{head[6]} | size_t{head[7]} << 8));
+  }
+  head.resize(head_size);
+  if (Status s = ReadFrameBytes(fd_, std::span<uint8_t>(head).subspan(have), deadline); !s.ok()) {
+    return fail(s);
+  }
+  auto reply = DecodeMessage(head);
+  if (!reply.ok()) return fail(reply.status().WithContext("bad reply from the gateway"));
+  if (reply->type != MessageType::kReply || reply->reply_to != type) {
+    return fail(InternalError(std::string("gateway answered a ") + MessageTypeName(type) +
+                              " request with a " + MessageTypeName(reply->type) + " to " +
+                              MessageTypeName(reply->reply_to)));
+  }
+  const size_t data_size = *length - head_size;
+  if (reply->code != StatusCode::kOk) {
+    // The gateway's error replies carry no data; the caller's buffer stays as it was.
+    if (data_size != 0) broken_ = true;
+    return Status(reply->code, reply->text);
+  }
+  if (data_size != bytes) {
+    return fail(InternalError("gateway returned " + std::to_string(data_size) +
+                              " bytes for an all-reduce of " + std::to_string(bytes)));
+  }
+  if (bytes > 0) {
+    if (Status s = ReadFrameBytes(fd_, std::span<uint8_t>(static_cast<uint8_t*>(data), bytes),
+                                  deadline);
+        !s.ok()) {
+      return fail(s);
+    }
+  }
   return Status::Ok();
 }
 

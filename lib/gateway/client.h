@@ -47,7 +47,10 @@ class Client {
   // All-reduces `count` elements of `dtype` at `data` in place across the regions, under `job`'s
   // policy. Every region's ranks must issue the same (job, tensor key) sequence in the same
   // order. The gateway gives up at `deadline`; this call waits up to a moment longer (10%, at
-  // least half a second) for the gateway's reason. On error `data` is unchanged.
+  // least half a second) for the gateway's reason. The tensor is sent from `data` and the result
+  // read straight back into it (no tensor-sized copy). An error the gateway reports leaves `data`
+  // unchanged; a connection that fails while the result arrives may leave it partly overwritten
+  // (the call fails with kDataLoss, kUnavailable or kDeadlineExceeded; reconnect).
   Status AllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                    ReduceOp op, void* data, size_t count, Deadline deadline);
 
@@ -69,6 +72,8 @@ class Client {
   explicit Client(int fd) : fd_(fd) {}
   StatusOr<Message> Call(const Message& request, Deadline deadline);
   StatusOr<Message> ReadReply(MessageType expect, Deadline deadline);
+  // Reads an all-reduce's reply (to `type`), its result straight into `data` (`bytes` long).
+  Status ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline);
   // AllReduce and RegionAllReduce: a request of `type` (kAllReduce or kRegionAllReduce).
   Status AllReduceAs(MessageType type, const std::string& job, const std::string& tensor_key,
                      DataType dtype, ReduceOp op, void* data, size_t count, Deadline deadline);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -82,6 +83,13 @@ void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8
   if (channel != kPolicyChannel) {
     STRAIT_LOG(kDebug, kLog) << "dropped a message on unused link channel " << channel << " from "
                              << world[static_cast<size_t>(peer)];
+    return;
+  }
+  if (message.size() >= 2 && message[1] == static_cast<uint8_t>(PolicyMessageKind::kRates)) {
+    if (Status st = weights_agreement->OnMessage(peer, message); !st.ok()) {
+      STRAIT_LOG(kWarn, kLog) << "bad rates message from " << world[static_cast<size_t>(peer)]
+                              << ": " << st;
+    }
     return;
   }
   auto reply = agreement->OnMessage(peer, message);
@@ -158,6 +166,77 @@ Status Gateway::Impl::ChooseCodecs(const Message& request, Deadline deadline, Te
   *tc = ChooseLinkCodecs(policy, request.dtype, request.op, static_cast<size_t>(request.count),
                          rank, estimates, codec_profiles);
   return Status::Ok();
+}
+
+// ---- Shard weights: the gateways agree on weights from their measured egress rates -----------
+
+namespace {
+constexpr uint64_t kMinMeasuredBytes = uint64_t{1} << 20;
+}  // namespace
+
+std::vector<uint64_t> Gateway::Impl::EgressRates() {
+  std::vector<std::shared_ptr<net::Link>> peers;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    peers = links;
+  }
+  std::vector<uint64_t> rates(world.size(), 0);
+  for (size_t p = 0; p < peers.size(); ++p) {
+    if (static_cast<int>(p) == rank || peers[p] == nullptr) continue;
+    // A link that has carried only control messages (policy offers, pings) has a goodput
+    // estimate of those few bytes, not of its capacity: unknown until it carried some data.
+    const net::LinkEstimates e = peers[p]->Estimates();
+    if (!e.ended && e.goodput_bytes_per_s > 0 && e.bytes_acked >= kMinMeasuredBytes) {
+      rates[p] = static_cast<uint64_t>(std::llround(e.goodput_bytes_per_s));
+    }
+  }
+  return rates;
+}
+
+void Gateway::Impl::SendToPeers(const std::vector<uint8_t>& message,
+                                const std::vector<int>& peers) {
+  for (int p : peers) {
+    if (p == rank) continue;
+    if (std::shared_ptr<net::Link> link = LinkTo(p)) {
+      link->Send(kPolicyChannel, message, Deadline::AfterSeconds(30), [](Status) {});
+    }
+  }
+}
+
+StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string& job,
+                                                               const OpNumbering::Number& number,
+                                                               Deadline deadline) {
+  std::vector<int> everyone(world.size());
+  for (size_t p = 0; p < everyone.size(); ++p) everyone[p] = static_cast<int>(p);
+  const WeightsRound round{number.world, number.epoch, number.sequence / kWeightsRoundOps};
+  // From the middle of a round on, the next round's rates go out ahead, so that they are in
+  // when the first operation of that round needs them (no round trip then).
+  if (number.sequence % kWeightsRoundOps >= kWeightsRoundOps / 2) {
+    WeightsRound next = round;
+    ++next.round;
+    if (auto m = weights_agreement->Offer(job, next, EgressRates())) SendToPeers(*m, everyone);
+  }
+  if (auto m = weights_agreement->Offer(job, round, EgressRates())) SendToPeers(*m, everyone);
+  for (;;) {
+    const Deadline slice =
+        Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 1'000'000'000));
+    auto weights = weights_agreement->Weights(job, round, slice, [this] { return stopping.load(); });
+    if (weights.ok() && number.sequence % kWeightsRoundOps == 0) {
+      std::string text;
+      for (uint64_t w : *weights) text += (text.empty() ? "" : ",") + std::to_string(w);
+      std::string rates;
+      for (uint64_t r : EgressRates()) rates += (rates.empty() ? "" : ",") + std::to_string(r);
+      STRAIT_LOG(kInfo, kLog) << "job " << job << ": weights round " << round.round << " (epoch "
+                              << round.epoch << "): "
+                              << (text.empty() ? std::string("equal") : text)
+                              << "; egress now " << rates << " B/s";
+    }
+    if (weights.ok() || deadline.Expired() || stopping.load()) return weights;
+    // A peer whose link came back, or that restarted, may have lost our offer: send it again.
+    if (auto m = weights_agreement->LocalOffer(job, round)) {
+      SendToPeers(*m, weights_agreement->Missing(job, round));
+    }
+  }
 }
 
 Status Gateway::Impl::ServeSocket() {
@@ -253,49 +332,64 @@ void Gateway::Impl::ServeConnection(int fd) {
   socklen_t cred_len = sizeof(cred);
   const uint32_t client_uid =
       ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.uid : UINT32_MAX;
+  // The connection's buffers live as long as it does: a rank sends tensor after tensor, and a
+  // fresh tensor-sized buffer per request (glibc mmaps those above 32 MiB) costs page faults,
+  // zeroing and unmapping on every step. `body` holds the request's frame, `request.data` its
+  // tensor, which the all-reduce reduces in place and the reply carries back.
+  std::vector<uint8_t> body;
+  Message request;
   while (!stopping.load()) {
     pollfd p{fd, POLLIN, 0};
     const int rc = ::poll(&p, 1, kPollSliceMs);
     if (rc == 0) continue;
     if (rc < 0 && errno == EINTR) continue;
-    auto body = ReadFrame(fd, kDefaultMaxMessageBytes, Deadline::AfterSeconds(30));
-    if (!body.ok()) {
-      if (body.status().code() != StatusCode::kUnavailable) {
+    if (Status read = ReadFrameInto(fd, kDefaultMaxMessageBytes, Deadline::AfterSeconds(30), &body);
+        !read.ok()) {
+      if (read.code() != StatusCode::kUnavailable) {
         // The framing is broken (oversized or truncated): say so and drop the connection.
         ++bad_requests;
-        auto frame = EncodeMessage(Reply(MessageType::kHello, body.status()));
+        auto frame = EncodeMessage(Reply(MessageType::kHello, read));
         if (frame.ok()) WriteAll(fd, *frame, Deadline::AfterSeconds(1)).IgnoreError();
-        STRAIT_LOG(kWarn, kLog) << "local client dropped: " << body.status();
+        STRAIT_LOG(kWarn, kLog) << "local client dropped: " << read;
       }
       break;
     }
     Message reply;
-    auto request = DecodeMessage(*body);
-    if (!request.ok()) {
+    if (Status decoded = DecodeMessageInto(body, &request); !decoded.ok()) {
       ++bad_requests;
-      const uint8_t t = (*body)[0];
+      const uint8_t t = body[0];
       const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
                          (t >= 5 && t <= 9);            // 5..9: tunnels
       reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
-                    request.status().WithContext("bad request"));
-    } else if (!greeted && request->type != MessageType::kHello) {
+                    decoded.WithContext("bad request"));
+    } else if (!greeted && request.type != MessageType::kHello) {
       ++bad_requests;
-      reply = Reply(request->type, FailedPreconditionError("send a hello first"));
-    } else if (request->type == MessageType::kReply) {
+      reply = Reply(request.type, FailedPreconditionError("send a hello first"));
+    } else if (request.type == MessageType::kReply) {
       ++bad_requests;
       reply = Reply(MessageType::kHello, InvalidArgumentError("clients do not send replies"));
-    } else if (TunnelService::IsTunnelRequest(request->type)) {
+    } else if (TunnelService::IsTunnelRequest(request.type)) {
       // The connection now belongs to the listen or tunnel until it ends (tunnel.h).
-      tunnels->Serve(fd, *request);
+      tunnels->Serve(fd, request);
       break;
     } else {
       greeted = true;
-      request->client_uid = client_uid;
-      reply = Handle(*request);
+      request.client_uid = client_uid;
+      reply = Handle(request);
     }
-    auto frame = EncodeMessage(reply);
-    if (!frame.ok()) frame = EncodeMessage(Reply(reply.reply_to, frame.status()));
-    if (!frame.ok() || !WriteAll(fd, *frame, Deadline::AfterSeconds(30)).ok()) break;
+    // The head, then the data straight from the reply's buffer (an all-reduce's result in the
+    // request's own buffer): no tensor-sized frame is assembled.
+    auto head = EncodeMessageHead(reply, reply.data.size());
+    if (!head.ok()) {
+      reply = Reply(reply.reply_to, head.status());
+      head = EncodeMessageHead(reply, 0);
+    }
+    if (!head.ok() || !WriteAll(fd, *head, Deadline::AfterSeconds(30)).ok() ||
+        !WriteAll(fd, reply.data, Deadline::AfterSeconds(30)).ok()) {
+      break;
+    }
+    // Keep the larger buffer for the next request (HandleAllReduce moved the tensor's here).
+    if (reply.data.capacity() > request.data.capacity()) request.data = std::move(reply.data);
   }
   ::close(fd);
 }
@@ -322,6 +416,8 @@ Message Gateway::Impl::Handle(Message& request) {
         STRAIT_LOG(kWarn, kLog) << "refused register-job: " << owner.message();
         return Reply(request.type, owner);
       }
+      // Measured shard weights unless the operator configured them (see "Shard weights").
+      policy->measured_weights = config.ShardWeights().empty();
       jobs[request.job] = *policy;
       agreement->SetLocal(request.job, *policy);  // offered to the other regions (see policy.h)
       job_owners[request.job] = request.client_uid;
@@ -415,8 +511,28 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     sequence = number.sequence;
     req.op_id = OperationId(request.job, request.tensor_key, OpNumbering::Word(number));
     req.abort_note = OpNumbering::Note(request.job, request.tensor_key, number);
+    // Shard weights from the regions' measured link rates (see "Shard weights" in gateway.h),
+    // when every region's gateway measures (none configured allreduce.shard_weights).
+    const auto agreed = agreement->Agreed(request.job);
+    if (req.shard_weights.empty() && agreed.has_value() && agreed->ok() &&
+        (*agreed)->measured_weights) {
+      auto weights = MeasuredWeights(request.job, number, deadline);
+      if (!weights.ok()) {
+        s = weights.status();
+        // The peers numbered this operation too: tell them, so that they move on together.
+        transport->Abort(req.op_id, s, req.abort_note);
+      } else if (!weights->empty()) {
+        // Operations cut differently never meet: a split mismatch fails, never sums wrongly.
+        std::string text = "\x1fweights";
+        for (uint64_t w : *weights) text += "/" + std::to_string(w);
+        req.op_id = OperationId(request.job, request.tensor_key + text, OpNumbering::Word(number));
+        req.shard_weights = *std::move(weights);
+      }
+    }
     const int64_t started = MonotonicNanos();
-    if (request.type == MessageType::kRegionAllReduce) {
+    if (!s.ok()) {
+      // Failed before the operation started (no weights): counted below like any failure.
+    } else if (request.type == MessageType::kRegionAllReduce) {
       s = RunRegionAllReduce(req, &stats);
     } else {
       s = collective::AllReduce(*transport, req, &stats);
@@ -685,6 +801,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
       std::move(tunnel_options), [g](int peer) { return g->LinkTo(peer); }, &g->stopping);
 
   g->agreement = std::make_unique<PolicyAgreement>(g->rank, g->world);
+  g->weights_agreement =
+      std::make_unique<WeightsAgreement>(g->rank, static_cast<int>(g->world.size()));
   g->codec_profiles = net::MeasureCodecProfiles();
   for (const net::CodecProfile& cp : g->codec_profiles) {
     STRAIT_LOG(kInfo, kLog) << "codec " << CodecName(cp.codec) << ": encode "
@@ -758,6 +876,30 @@ void Gateway::Shutdown(Deadline grace) {
     STRAIT_LOG(kWarn, kLog) << g->in_flight.load()
                             << " all-reduce(s) still running at the end of the shutdown grace; "
                                "closing the links fails them";
+  }
+  // All-reduces answer before their last sends are acknowledged (collective/allreduce.cc), so
+  // the links may still carry results that other regions wait for: close them with a flush
+  // (Link::Close sends what is queued and waits for its acknowledgements), within the grace,
+  // before the endpoint goes. A link with no stream up has nothing to flush.
+  {
+    std::vector<std::shared_ptr<net::Link>> open;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      for (const auto& l : g->links) {
+        if (l != nullptr) open.push_back(l);
+      }
+      for (const auto& l : g->region_links) {
+        if (l != nullptr) open.push_back(l);
+      }
+    }
+    for (const auto& l : open) l->Close();
+    for (const auto& l : open) {
+      for (;;) {
+        const net::LinkEstimates e = l->Estimates();
+        if (e.ended || e.streams_up == 0 || grace.Expired()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
   }
   // Closing the endpoint fails the links, which ends any all-reduce still waiting on a peer.
   g->endpoint.reset();

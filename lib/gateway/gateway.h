@@ -61,6 +61,22 @@
 // the rule is in policy.h). Receivers accept a frame in any codec the agreed policy allows and
 // refuse others with a codec-mismatch error, never a wrong sum.
 //
+// Shard weights: with allreduce.shard_weights in the config, those (the operator's choice; every
+// region should configure the same). Otherwise, when every region's gateway measures (its
+// policy offer says so: no shard_weights configured, and a version that exchanges rates), the
+// split follows the measured link rates: each gateway sends its links' egress goodput for a
+// job's weights round (a kRates message on kPolicyChannel), and every gateway computes
+// collective::BalancedShardWeights of the same matrix, the split that minimises the busiest
+// link's time. Round = operation sequence / kWeightsRoundOps (16) within the job's (world,
+// epoch), so the weights are re-agreed every 16 operations of a tensor key; the next round's
+// rates go out mid-round, so only a job's first round per epoch waits for a round trip. A
+// round keeps the previous round's weights unless some rate moved by more than 25%. Unknown
+// rates (a link with less than 1 MiB carried) and near-equal links give equal shards. Measured
+// weights are hashed into the operation id: gateways that computed different splits (which the
+// rule prevents, short of a bug or a gateway that skipped a round after a failure) never meet,
+// so the operation fails by its deadline instead of summing mismatched shards. The all-reduce
+// reply names the split ("shards=a,b,c"). Details in policy.h ("Shard weights").
+//
 // Jobs and isolation: a job belongs to the uid (SO_PEERCRED) of the client that first registered
 // it on this gateway; only clients of that uid may register it again (replacing its policy) or
 // all-reduce under it. Anyone else gets kPermissionDenied naming the owner, and the gateway goes

@@ -138,6 +138,18 @@ struct Gateway::Impl {
   StatusOr<JobPolicy> AgreedPolicy(const std::string& job, Deadline deadline);
   Status ChooseCodecs(const Message& request, Deadline deadline, TensorCodec* tc);
 
+  // Shard weights from measured link rates (gateway.cc, "Shard weights"; the rule is in
+  // policy.h): kRates messages on kPolicyChannel arrive in `weights_agreement` (set up by Start
+  // before any link); MeasuredWeights gives the agreed weights of operation `number` (empty =
+  // equal shards), offering this gateway's egress rates and waiting for the peers' until
+  // `deadline`.
+  std::unique_ptr<WeightsAgreement> weights_agreement;
+  std::vector<uint64_t> EgressRates();
+  void SendToPeers(const std::vector<uint8_t>& message, const std::vector<int>& peers);
+  StatusOr<std::vector<uint64_t>> MeasuredWeights(const std::string& job,
+                                                  const OpNumbering::Number& number,
+                                                  Deadline deadline);
+
   // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
   // messages always find it; its threads end when `stopping` turns true.
   std::unique_ptr<TunnelService> tunnels;

@@ -73,10 +73,10 @@ class Reader {
     pos_ += n;
     return s;
   }
-  std::vector<uint8_t> Rest() {
-    std::vector<uint8_t> v(body_.begin() + static_cast<std::ptrdiff_t>(pos_), body_.end());
+  // The rest of the body into *out, reusing its capacity (DecodeMessageInto).
+  void RestInto(std::vector<uint8_t>* out) {
+    out->assign(body_.begin() + static_cast<std::ptrdiff_t>(pos_), body_.end());
     pos_ = body_.size();
-    return v;
   }
   void Fail(Status s) {
     if (status_.ok()) status_ = std::move(s);
@@ -124,8 +124,14 @@ const char* MessageTypeName(MessageType type) noexcept {
   return "invalid";
 }
 
-StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_message_bytes) {
+namespace {
+
+// EncodeMessage (data = &m.data) and EncodeMessageHead (data = nullptr: `data_size` bytes follow
+// the head, written by the caller).
+StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_t>* data,
+                                      size_t data_size, uint32_t max_message_bytes) {
   Writer w;
+  bool carries_data = false;
   w.U32(0);  // length, filled in below
   w.U8(static_cast<uint8_t>(m.type));
   switch (m.type) {
@@ -146,8 +152,8 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
       STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
       const size_t elem = DataTypeSize(m.dtype);
-      if (elem == 0 || m.count > m.data.size() / elem || m.count * elem != m.data.size()) {
-        return InvalidArgumentError("all-reduce data is " + std::to_string(m.data.size()) +
+      if (elem == 0 || m.count > data_size / elem || m.count * elem != data_size) {
+        return InvalidArgumentError("all-reduce data is " + std::to_string(data_size) +
                                     " bytes; count " + std::to_string(m.count) + " of " +
                                     DataTypeName(m.dtype) + " needs count x element size");
       }
@@ -157,7 +163,7 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       w.U8(static_cast<uint8_t>(m.op));
       w.U64(m.count);
       w.U32(m.timeout_ms);
-      w.Bytes(m.data);
+      carries_data = true;
       break;
     }
     case MessageType::kStats:
@@ -176,7 +182,7 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       break;
     case MessageType::kTunnelData:
       w.U32(m.tag);
-      w.Bytes(m.data);
+      carries_data = true;
       break;
     case MessageType::kTunnelClose:
       STRAIT_RETURN_IF_ERROR(CheckStr(m.text, "close reason", kMaxReplyTextBytes, false));
@@ -188,14 +194,20 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
       w.U8(static_cast<uint8_t>(m.reply_to));
       w.U32(static_cast<uint32_t>(m.code));
       w.Str(m.text);
-      w.Bytes(m.data);
+      carries_data = true;
       break;
     default:
       return InvalidArgumentError("unknown local message type " +
                                   std::to_string(static_cast<int>(m.type)));
   }
+  if (!carries_data && data == nullptr && data_size > 0) {
+    return InvalidArgumentError(std::string("a ") + MessageTypeName(m.type) +
+                                " message carries no data, but " + std::to_string(data_size) +
+                                " data bytes were to follow it");
+  }
+  if (!carries_data) data_size = 0;  // EncodeMessage ignores the data of such types
   std::vector<uint8_t>& out = w.out();
-  const size_t body = out.size() - kFrameLengthBytes;
+  const size_t body = out.size() - kFrameLengthBytes + data_size;
   if (body > max_message_bytes) {
     return ResourceExhaustedError("local message of " + std::to_string(body) +
                                   " bytes exceeds the limit of " +
@@ -203,17 +215,18 @@ StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_mess
                                   " bytes; split the tensor into smaller all-reduces");
   }
   for (int i = 0; i < 4; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(body >> (8 * i));
+  if (carries_data && data != nullptr) w.Bytes(*data);
   return std::move(out);
 }
 
-StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_message_bytes) {
+// DecodeMessage into `m`, a fresh Message whose data buffer may hold capacity to reuse.
+Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Message& m) {
   if (body.size() > max_message_bytes) {
     return ResourceExhaustedError("local message of " + std::to_string(body.size()) +
                                   " bytes exceeds the limit of " +
                                   std::to_string(max_message_bytes));
   }
   Reader r(body);
-  Message m;
   const uint8_t type = static_cast<uint8_t>(r.Le(1, "type"));
   if (!r.status().ok()) return r.status();
   if (!KnownType(type)) {
@@ -266,7 +279,7 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
                                     std::to_string(r.remaining()) + " data bytes; needs " +
                                     "count x " + std::to_string(elem));
       }
-      m.data = r.Rest();
+      r.RestInto(&m.data);
       break;
     }
     case MessageType::kStats:
@@ -283,7 +296,7 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
       break;
     case MessageType::kTunnelData:
       m.tag = static_cast<uint32_t>(r.Le(4, "tag"));
-      if (r.status().ok()) m.data = r.Rest();
+      if (r.status().ok()) r.RestInto(&m.data);
       break;
     case MessageType::kTunnelClose: {
       const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
@@ -309,7 +322,7 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
       m.reply_to = static_cast<MessageType>(to);
       m.code = static_cast<StatusCode>(code);
       m.text = r.Str("reply message", kMaxReplyTextBytes, false);
-      if (r.status().ok()) m.data = r.Rest();
+      if (r.status().ok()) r.RestInto(&m.data);
       break;
     }
   }
@@ -318,7 +331,33 @@ StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_mess
     return InvalidArgumentError(std::to_string(r.remaining()) + " trailing bytes after a " +
                                 MessageTypeName(m.type) + " message");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& m, uint32_t max_message_bytes) {
+  return Encode(m, &m.data, m.data.size(), max_message_bytes);
+}
+
+StatusOr<std::vector<uint8_t>> EncodeMessageHead(const Message& m, size_t data_size,
+                                                 uint32_t max_message_bytes) {
+  return Encode(m, nullptr, data_size, max_message_bytes);
+}
+
+StatusOr<Message> DecodeMessage(std::span<const uint8_t> body, uint32_t max_message_bytes) {
+  Message m;
+  STRAIT_RETURN_IF_ERROR(DecodeInto(body, max_message_bytes, m));
   return m;
+}
+
+Status DecodeMessageInto(std::span<const uint8_t> body, Message* out,
+                         uint32_t max_message_bytes) {
+  std::vector<uint8_t> keep = std::move(out->data);
+  keep.clear();
+  *out = Message{};
+  out->data = std::move(keep);
+  return DecodeInto(body, max_message_bytes, *out);
 }
 
 std::vector<uint8_t> EncodeTunnelEvent(const TunnelEvent& event) {
@@ -402,7 +441,7 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, Deadline deadline) {
   return Status::Ok();
 }
 
-StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline) {
+StatusOr<uint32_t> ReadFrameLength(int fd, uint32_t max_message_bytes, Deadline deadline) {
   uint8_t len_bytes[kFrameLengthBytes];
   size_t got = 0;
   Status s = ReadExact(fd, len_bytes, sizeof(len_bytes), deadline, &got);
@@ -420,15 +459,30 @@ StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Dea
                                   " bytes exceeds the limit of " +
                                   std::to_string(max_message_bytes) + " bytes");
   }
-  std::vector<uint8_t> body(len);
-  s = ReadExact(fd, body.data(), body.size(), deadline, &got);
-  if (!s.ok()) {
-    if (s.code() == StatusCode::kUnavailable) {
-      return DataLossError("local socket: connection closed after " + std::to_string(got) +
-                           " of a frame's " + std::to_string(len) + " bytes");
-    }
-    return s;
+  return len;
+}
+
+Status ReadFrameBytes(int fd, std::span<uint8_t> out, Deadline deadline) {
+  size_t got = 0;
+  Status s = ReadExact(fd, out.data(), out.size(), deadline, &got);
+  if (!s.ok() && s.code() == StatusCode::kUnavailable) {
+    return DataLossError("local socket: connection closed after " + std::to_string(got) +
+                         " of " + std::to_string(out.size()) + " bytes of a frame");
   }
+  return s;
+}
+
+Status ReadFrameInto(int fd, uint32_t max_message_bytes, Deadline deadline,
+                     std::vector<uint8_t>* body) {
+  STRAIT_ASSIGN_OR_RETURN(const uint32_t len, ReadFrameLength(fd, max_message_bytes, deadline));
+  // Within the capacity, resize() neither allocates nor touches more than the growth.
+  body->resize(len);
+  return ReadFrameBytes(fd, *body, deadline);
+}
+
+StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline) {
+  std::vector<uint8_t> body;
+  STRAIT_RETURN_IF_ERROR(ReadFrameInto(fd, max_message_bytes, deadline, &body));
   return body;
 }
 

@@ -137,12 +137,26 @@ struct Message {
 StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& message,
                                              uint32_t max_message_bytes = kDefaultMaxMessageBytes);
 
+// The frame's length prefix and every field before `data`, for a message whose data
+// (`data_size` bytes; message.data is ignored) the caller writes right after it, e.g. straight
+// from its own buffer: EncodeMessage without copying the data. Same checks and errors as
+// EncodeMessage (the data size counts toward the limit and the all-reduce count check).
+StatusOr<std::vector<uint8_t>> EncodeMessageHead(
+    const Message& message, size_t data_size,
+    uint32_t max_message_bytes = kDefaultMaxMessageBytes);
+
 // Decodes one body (without the length prefix). kDataLoss "truncated ..." when a field runs past
 // the end, kInvalidArgument for a bad value (unknown type, dtype, op, wrong data length, trailing
 // bytes), kResourceExhausted for a body over the limit, kUnimplemented for a hello of another
 // version, each naming the field.
 StatusOr<Message> DecodeMessage(std::span<const uint8_t> body,
                                 uint32_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// DecodeMessage into `*out`, reusing out->data's capacity: a connection that decodes many large
+// requests into the same Message allocates (and page-faults) its data buffer once instead of
+// per request. Every other field of `*out` is reset. On error `*out` is unspecified.
+Status DecodeMessageInto(std::span<const uint8_t> body, Message* out,
+                         uint32_t max_message_bytes = kDefaultMaxMessageBytes);
 
 // What a listen connection's replies carry (kReply to kTunnelListen, in `data`):
 //   u8 kind (1 = listening, 2 = incoming), u64 id (kListening: the listen id; kIncoming: the
@@ -168,6 +182,19 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, Deadline deadline);
 // the first byte, kDataLoss on EOF mid-frame, kResourceExhausted when the length prefix exceeds
 // `max_message_bytes` (nothing more is read), kInvalidArgument for a zero length.
 StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline);
+// ReadFrame into a reusable buffer: `*body` becomes the frame's body, its capacity kept, so that
+// a connection serving many large frames does not allocate, zero and fault in a fresh buffer per
+// frame (which glibc serves with mmap above 32 MiB: page faults and unmaps every time). Same
+// errors as ReadFrame; on error `*body` is unspecified.
+Status ReadFrameInto(int fd, uint32_t max_message_bytes, Deadline deadline,
+                     std::vector<uint8_t>* body);
+// Reading a frame in parts, so that its bulk data can go straight to where it belongs:
+// ReadFrameLength reads the length prefix (errors as ReadFrame's, before the body), then
+// ReadFrameBytes reads exactly out.size() bytes of the body (kDataLoss when the connection closes
+// first, kDeadlineExceeded at the deadline). The caller must read the whole body, or drop the
+// connection, before the next frame.
+StatusOr<uint32_t> ReadFrameLength(int fd, uint32_t max_message_bytes, Deadline deadline);
+Status ReadFrameBytes(int fd, std::span<uint8_t> out, Deadline deadline);
 
 }  // namespace strait::gateway
 

@@ -39,6 +39,7 @@
 #ifndef STRAIT_LIB_GATEWAY_POLICY_H_
 #define STRAIT_LIB_GATEWAY_POLICY_H_
 
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -83,6 +84,11 @@ struct JobPolicy {
   // eligible tensors, or lossless_fallback when auto stays lossless.
   CodecId codec = CodecId::kZstd;
   bool automatic = false;  // codec per link (see the file comment)
+  // Shard weights from measured link rates (WeightsAgreement below): set by a gateway whose
+  // config has no allreduce.shard_weights; after the merge, only if every region's offer has
+  // it (a region that configured weights, or runs a version without rate offers, keeps the
+  // job on configured or equal shards). Offer flag bit 2; older gateways ignore the bit.
+  bool measured_weights = false;
   int zstd_level = 1;
   bool error_feedback = false;
   uint64_t min_lossy_bytes = 0;
@@ -120,6 +126,7 @@ struct PolicyOffer {
 //                       allows and whose bound is within every region's max_relative_error;
 //                       else none (lossless), and the note names the region that kept it so.
 //   automatic           only if every region's policy is auto; otherwise fixed.
+//   measured weights    only if every region's offer has it.
 //   lossless codec      auto: chosen per link; fixed: zstd if any region's lossless codec is
 //                       zstd and every region allows it, else the allowed one.
 //   zstd level          the lowest any region asked for (never slower than a region wanted;
@@ -135,7 +142,7 @@ inline constexpr uint32_t kPolicyChannel = 8;
 //   off size field
 //     0    1 version (kPolicyMessageVersion = 1)
 //     1    1 kind (PolicyMessageKind)
-//     2    1 flags: bit 0 automatic, bit 1 error feedback
+//     2    1 flags: bit 0 automatic, bit 1 error feedback, bit 2 measured shard weights
 //     3    1 codec (CodecId)
 //     4    1 lossless fallback (CodecId)
 //     5    1 zstd level (int8)
@@ -152,6 +159,7 @@ inline constexpr size_t kMaxPolicyJobBytes = 1024;
 enum class PolicyMessageKind : uint8_t {
   kOffer = 1,  // "here is my policy for this job; send me yours"
   kReply = 2,  // an answer to kOffer: "here is mine" (not answered again)
+  kRates = 3,  // a gateway's measured egress rates for one weights round (EncodeRatesOffer)
 };
 std::vector<uint8_t> EncodePolicyOffer(PolicyMessageKind kind, const std::string& job,
                                        const JobPolicy& policy);
@@ -210,6 +218,132 @@ class PolicyAgreement {
   const std::vector<std::string> world_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
+  std::map<std::string, Job> jobs_;
+};
+
+// ---- Shard weights from measured link rates ----------------------------------------------------
+//
+// Shards proportional to what each owner's links can carry (DESIGN, "Cross-region all-reduce"):
+// every gateway must cut an operation's tensor the same way, but each one measures only its own
+// egress (net::LinkEstimates::goodput_bytes_per_s of its link to each peer). So the gateways
+// exchange their rates and each computes collective::BalancedShardWeights of the same matrix
+// (row i = gateway i's offer). The rule (see also gateway.h, "Shard weights"):
+//   - Rounds. A job's weights are agreed per round: operation number (world, epoch, sequence)
+//     of any tensor key uses round (world, epoch, sequence / kWeightsRoundOps). A gateway offers
+//     its current rates for a round once (the first one wins: a round's matrix never changes),
+//     when its first operation of the job reaches the round's middle of the round before (so it
+//     normally arrived by the time it is needed), or at the latest when it needs the round; it
+//     then waits for every peer's offer of that round, offering again every second to those
+//     missing, until the operation's deadline. Every gateway numbers the same operations, so all
+//     reach the same rounds and use the same matrix for each: identical weights with no extra
+//     round trip after the first round of each epoch.
+//   - Hysteresis: a round's weights are recomputed only when some rate moved by more than
+//     kWeightsChangePercent from the matrix the current weights came from (the first round of an
+//     epoch always computes); otherwise they stay, so shards (and their error-feedback residuals)
+//     do not wander with measurement noise. Pure function of the sequence of matrices.
+//   - Unknown rates give equal weights: a link counts as unmeasured (0) until it has carried
+//     1 MiB of acknowledged data (before that its goodput estimate is of a few control
+//     messages), so the first round of the first job on fresh links runs even shards. Equal or
+//     nearly equal links (within kBalancedMinGainPercent of the even split) give equal weights
+//     too (plan.h). All-equal weights are the plain, unhashed operation id.
+//   - Which rate: net::LinkEstimates::goodput_bytes_per_s, acknowledged bytes per 250 ms window
+//     in which the link had data. A link that drains its share of an operation within a
+//     fraction of a window reads low; the estimate approaches the link's capacity only with
+//     transfers of a second or more per link and phase. Weights follow what links deliver
+//     under the job's own traffic, which is what the split should balance.
+//   - A gateway that misses a round (its operation failed before) could compute another chain;
+//     the weights are therefore also hashed into the operation id (gateway.cc), so operations
+//     with different splits never meet: a mismatch fails by the deadline, never a wrong sum.
+inline constexpr uint64_t kWeightsRoundOps = 16;
+inline constexpr uint64_t kWeightsChangePercent = 25;
+
+struct WeightsRound {
+  uint64_t world = 0;  // OpNumbering's world and epoch
+  uint64_t epoch = 0;
+  uint64_t round = 0;  // sequence / kWeightsRoundOps
+  auto operator<=>(const WeightsRound&) const = default;
+};
+
+// Rates message (policy message version 1, kind kRates; little-endian), one gateway's egress
+// rates for one round of a job:
+//   off size field
+//     0    1 version (kPolicyMessageVersion = 1)
+//     1    1 kind (kRates = 3)
+//     2    2 n: number of rates (the world size)
+//     4    8 world
+//    12    8 epoch
+//    20    8 round
+//    28  8n rates in bytes/s by rank (0 = not measured; the sender's own entry 0)
+//  28+8n   2 job length L (1..kMaxPolicyJobBytes)
+//  30+8n   L job
+// A receiver refuses another version or kind, n other than its world size, or lengths that do
+// not match, with kDataLoss naming the field.
+std::vector<uint8_t> EncodeRatesOffer(const std::string& job, const WeightsRound& round,
+                                      const std::vector<uint64_t>& rates);
+struct DecodedRatesOffer {
+  std::string job;
+  WeightsRound round;
+  std::vector<uint64_t> rates;
+};
+StatusOr<DecodedRatesOffer> DecodeRatesOffer(std::span<const uint8_t> message);
+
+// Whether some off-diagonal rate of `now` differs from `base` by more than `percent` percent of
+// the base (a rate that became known or unknown counts as changed). Both world*world. Pure.
+bool RatesChanged(const std::vector<uint64_t>& base, const std::vector<uint64_t>& now,
+                  uint64_t percent);
+
+// Each gateway's side of the rate exchange, for the ranks of its world (rank = index). The
+// gateway wires it to its links:
+//   - when an operation may prefetch or needs round R: Offer(job, R, its rates); if it returns a
+//     message, send it to every peer;
+//   - on a kRates message on kPolicyChannel from peer p: OnMessage(p, bytes);
+//   - for the operation: Weights(job, R, deadline), offering again to Missing(job, R) every
+//     second while it waits (a message lost with a link that died is sent again).
+// Thread-safe; Weights blocks, the rest does not. Keeps the last kKeptRounds rounds per job.
+class WeightsAgreement {
+ public:
+  static constexpr size_t kKeptRounds = 16;
+
+  WeightsAgreement(int rank, int world_size);
+
+  // Stores this gateway's rates for (job, round) unless it offered for that round already;
+  // returns the message to send to every peer when it did now, nothing otherwise.
+  std::optional<std::vector<uint8_t>> Offer(const std::string& job, const WeightsRound& round,
+                                            std::vector<uint64_t> rates);
+  // This gateway's stored offer for the round (for offering again), if any.
+  std::optional<std::vector<uint8_t>> LocalOffer(const std::string& job,
+                                                 const WeightsRound& round) const;
+  // A kRates message from rank `peer`: stored unless that peer's rates for the round are in
+  // already (the first wins). kDataLoss for a malformed message.
+  Status OnMessage(int peer, std::span<const uint8_t> message);
+  // The ranks whose rates for the round have not arrived.
+  std::vector<int> Missing(const std::string& job, const WeightsRound& round) const;
+  // The round's weights once every rank's rates are in (the hysteresis rule above, chained over
+  // the rounds of the same (world, epoch) this gateway computed), waiting for them until
+  // `deadline` or `stop()` (checked every 50 ms): kDeadlineExceeded naming the missing ranks.
+  // All-equal weights come back as an empty vector (equal shards).
+  StatusOr<std::vector<uint64_t>> Weights(const std::string& job, const WeightsRound& round,
+                                          Deadline deadline,
+                                          const std::function<bool()>& stop = nullptr);
+
+ private:
+  struct Job {
+    std::map<WeightsRound, std::map<int, std::vector<uint64_t>>> rates;  // round -> rank -> row
+    std::map<WeightsRound, uint64_t> added;  // when each round was first heard of (a counter)
+    uint64_t next_added = 0;
+    // The chain of the latest (world, epoch) computed: the matrix the current weights came
+    // from, and each computed round's weights.
+    uint64_t world = 0, epoch = 0;
+    std::vector<uint64_t> base;
+    std::vector<uint64_t> base_weights;
+    std::map<uint64_t, std::vector<uint64_t>> computed;  // round -> weights
+  };
+  void PruneLocked(Job& j);
+
+  const int rank_;
+  const int size_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
 };
 

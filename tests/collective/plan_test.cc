@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 namespace strait::collective {
@@ -166,6 +167,140 @@ TEST(Plan, RejectsBadOptions) {
   auto too_many = MakePlan(o);
   EXPECT_EQ(too_many.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("chunk_elements"), std::string::npos);
+}
+
+// ---- BalancedShardWeights --------------------------------------------------------------------
+
+// A symmetric rate matrix from the pairs' rates, in pair order (0,1), (0,2), ..., (1,2), ...
+std::vector<uint64_t> Symmetric(int n, const std::vector<uint64_t>& pair_rates) {
+  std::vector<uint64_t> r(static_cast<size_t>(n * n), 0);
+  size_t k = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j, ++k) {
+      r[static_cast<size_t>(i * n + j)] = r[static_cast<size_t>(j * n + i)] = pair_rates.at(k);
+    }
+  }
+  EXPECT_EQ(k, pair_rates.size());
+  return r;
+}
+
+TEST(BalancedShardWeights, EqualRatesGiveEqualWeights) {
+  for (int n : {1, 2, 3, 4, 5}) {
+    const size_t pairs = static_cast<size_t>(n * (n - 1) / 2);
+    auto w = BalancedShardWeights(Symmetric(n, std::vector<uint64_t>(pairs, 12'500'000)), n);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, std::vector<uint64_t>(static_cast<size_t>(n), 1)) << n << " regions";
+  }
+}
+
+TEST(BalancedShardWeights, MeasurementNoiseKeepsEqualWeights) {
+  // Within a few percent of each other, as measured goodputs of equal links are.
+  auto w3 = BalancedShardWeights(Symmetric(3, {12'400'000, 11'900'000, 12'650'000}), 3);
+  ASSERT_TRUE(w3.ok());
+  EXPECT_EQ(*w3, (std::vector<uint64_t>{1, 1, 1}));
+  auto w4 = BalancedShardWeights(
+      Symmetric(4, {1000, 1040, 980, 1010, 960, 1030}), 4);
+  ASSERT_TRUE(w4.ok());
+  EXPECT_EQ(*w4, (std::vector<uint64_t>{1, 1, 1, 1}));
+}
+
+TEST(BalancedShardWeights, HeterogeneousThreeRegions) {
+  // Pairs 0-1 200, 0-2 100, 1-2 50 Mbit/s: the optimum is x = (100, 50, 0), shares (2/3, 1/3,
+  // ~0); weights are 2x, at least 1.
+  auto w = BalancedShardWeights(Symmetric(3, {200, 100, 50}), 3);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (std::vector<uint64_t>{200, 100, 1}));
+  // The same in bytes/s, as gateways measure them: the same shares.
+  auto b = BalancedShardWeights(Symmetric(3, {25'000'000, 12'500'000, 6'250'000}), 3);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, (std::vector<uint64_t>{25'000'000, 12'500'000, 1}));
+  // Used as plan weights: the busiest pair (0-1) carries s0 + s1 of the tensor at 200 and the
+  // 1-2 pair s1 + s2 at 50, both about 1/150 of the tensor per Mbit/s: balanced.
+  PlanOptions o;
+  o.count = 3000;
+  o.world = 3;
+  o.weights = *b;
+  auto plan = MakePlan(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(CheckedShardSizes(*plan), (std::vector<size_t>{1999, 1000, 1}));
+}
+
+TEST(BalancedShardWeights, TheSlowerDirectionOfAPairCounts) {
+  // 0->1 is fast but 1->0 slow: pair 0-1 is the slow one.
+  std::vector<uint64_t> r = Symmetric(3, {200, 100, 200});
+  r[1 * 3 + 0] = 50;
+  auto w = BalancedShardWeights(r, 3);
+  ASSERT_TRUE(w.ok());
+  // x0 + x1 <= 50, x0 + x2 <= 100, x1 + x2 <= 200: x = (0, 50, 100) beats (25, 25, 75).
+  EXPECT_EQ(*w, (std::vector<uint64_t>{1, 100, 200}));
+}
+
+TEST(BalancedShardWeights, FourRegionsWithOneSlowRegion) {
+  // Region 3's links run at a quarter of the others': it should own (almost) nothing and the
+  // others equal shares. Every shard still crosses region 3's links (its part of the shard in
+  // phase 1, the result in phase 2), so x_i + x_3 <= 25 caps each x_i at 25: x = (25, 25, 25, 0),
+  // 1.5x faster than the even split. Also where the slow region is rank 0 (the result follows
+  // the ranks).
+  auto w = BalancedShardWeights(Symmetric(4, {100, 100, 25, 100, 25, 25}), 4);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (std::vector<uint64_t>{50, 50, 50, 1}));
+  auto first = BalancedShardWeights(Symmetric(4, {25, 25, 25, 100, 100, 100}), 4);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, (std::vector<uint64_t>{1, 50, 50, 50}));
+}
+
+TEST(BalancedShardWeights, DegenerateCases) {
+  // An unknown (0) rate anywhere: equal weights, whatever the others say.
+  std::vector<uint64_t> r = Symmetric(3, {200, 100, 50});
+  r[2 * 3 + 1] = 0;
+  auto unknown = BalancedShardWeights(r, 3);
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(*unknown, (std::vector<uint64_t>{1, 1, 1}));
+  // Two regions: one pair carries everything whatever the split.
+  auto two = BalancedShardWeights(Symmetric(2, {100}), 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, (std::vector<uint64_t>{1, 1}));
+  std::vector<uint64_t> skew = {0, 1000, 10, 0};
+  EXPECT_EQ(*BalancedShardWeights(skew, 2), (std::vector<uint64_t>{1, 1}));
+  // The diagonal is ignored.
+  std::vector<uint64_t> diag = Symmetric(3, {200, 100, 50});
+  diag[0] = 7;
+  diag[4] = 123456;
+  EXPECT_EQ(*BalancedShardWeights(diag, 3), (std::vector<uint64_t>{200, 100, 1}));
+  // Huge rates (far above any link's bytes/s) do not overflow.
+  auto huge = BalancedShardWeights(Symmetric(3, {4'000'000'000'000'000, 2'000'000'000'000'000,
+                                                 1'000'000'000'000'000}),
+                                   3);
+  ASSERT_TRUE(huge.ok());
+  EXPECT_GT((*huge)[0], (*huge)[1]);
+  EXPECT_EQ((*huge)[2], 1u);
+  // Bad arguments.
+  EXPECT_EQ(BalancedShardWeights({1, 2, 3}, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BalancedShardWeights({}, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BalancedShardWeights, Deterministic) {
+  const std::vector<uint64_t> r = Symmetric(5, {91, 17, 230, 44, 120, 75, 60, 18, 99, 150});
+  auto a = BalancedShardWeights(r, 5);
+  ASSERT_TRUE(a.ok());
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(*BalancedShardWeights(r, 5), *a);
+  // Whatever the split, it is never worse than the even one on the busiest link.
+  double total = 0;
+  for (uint64_t v : *a) total += static_cast<double>(v);
+  double busiest = 0, busiest_even = 0;
+  for (int i = 0; i < 5; ++i) {
+    for (int j = i + 1; j < 5; ++j) {
+      const double c = static_cast<double>(r[static_cast<size_t>(i * 5 + j)]);
+      busiest = std::max(busiest, static_cast<double>((*a)[static_cast<size_t>(i)] +
+                                                      (*a)[static_cast<size_t>(j)]) /
+                                      total / c);
+      busiest_even = std::max(busiest_even, 0.4 / c);
+    }
+  }
+  EXPECT_LE(busiest, busiest_even * 1.0001);
+  if (*a != std::vector<uint64_t>(5, 1)) {
+    EXPECT_LE(busiest, busiest_even / 1.05);
+  }
 }
 
 }  // namespace

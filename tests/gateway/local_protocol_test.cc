@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 namespace strait::gateway {
 namespace {
@@ -353,6 +354,145 @@ TEST(LocalProtocol, TunnelEventsRoundTripAndRefuseGarbage) {
   bad = bytes;
   bad.push_back(0);
   EXPECT_FALSE(DecodeTunnelEvent(bad).ok());
+}
+
+// EncodeMessageHead + the data written after it is byte for byte EncodeMessage's frame, for every
+// type that carries data; it checks the external data size like EncodeMessage checks m.data.
+TEST(LocalProtocol, HeadPlusDataIsTheWholeFrame) {
+  Message reply;
+  reply.type = MessageType::kReply;
+  reply.reply_to = MessageType::kAllReduce;
+  reply.text = "int8 shards=1,2";
+  reply.data = {9, 8, 7, 6, 5};
+  Message tunnel;
+  tunnel.type = MessageType::kTunnelData;
+  tunnel.tag = 77;
+  tunnel.data = {1, 2, 3};
+  for (const Message& m : {AllReduceMessage(), reply, tunnel}) {
+    auto whole = EncodeMessage(m);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    auto head = EncodeMessageHead(m, m.data.size());
+    ASSERT_TRUE(head.ok()) << head.status();
+    std::vector<uint8_t> joined = *head;
+    joined.insert(joined.end(), m.data.begin(), m.data.end());
+    EXPECT_EQ(joined, *whole) << MessageTypeName(m.type);
+    // The data in the message is ignored: only the size given counts.
+    Message empty = m;
+    empty.data.clear();
+    auto head2 = EncodeMessageHead(empty, m.data.size());
+    ASSERT_TRUE(head2.ok());
+    EXPECT_EQ(*head2, *head);
+  }
+  Message m = AllReduceMessage();
+  EXPECT_EQ(EncodeMessageHead(m, 16).status().code(), StatusCode::kInvalidArgument);  // 3 floats
+  EXPECT_EQ(EncodeMessageHead(m, 12, 16).status().code(), StatusCode::kResourceExhausted);
+  Message stats;
+  stats.type = MessageType::kStats;
+  EXPECT_EQ(EncodeMessageHead(stats, 1).status().code(), StatusCode::kInvalidArgument);
+  auto bare = EncodeMessageHead(stats, 0);
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->size(), 5u);
+}
+
+// Decoding many messages into one Message keeps its data buffer (no allocation per request)
+// and resets every other field, so nothing of one request leaks into the next.
+TEST(LocalProtocol, DecodeIntoReusesTheDataBufferAndResetsFields) {
+  Message big = AllReduceMessage();
+  big.count = 100000;
+  big.data.assign(big.count * 4, 0x5a);
+  auto f = EncodeMessage(big);
+  ASSERT_TRUE(f.ok());
+  Message m;
+  ASSERT_TRUE(DecodeMessageInto(Body(*f), &m).ok());
+  EXPECT_EQ(m.data, big.data);
+  const uint8_t* buffer = m.data.data();
+
+  f = EncodeMessage(AllReduceMessage());  // smaller: same buffer
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(DecodeMessageInto(Body(*f), &m).ok());
+  EXPECT_EQ(m.data, AllReduceMessage().data);
+  EXPECT_EQ(m.data.data(), buffer);
+  EXPECT_EQ(m.count, 3u);
+
+  Message reg;
+  reg.type = MessageType::kRegisterJob;
+  reg.job = "other";
+  f = EncodeMessage(reg);
+  ASSERT_TRUE(f.ok());
+  m.client_uid = 42;
+  ASSERT_TRUE(DecodeMessageInto(Body(*f), &m).ok());
+  EXPECT_EQ(m.type, MessageType::kRegisterJob);
+  EXPECT_EQ(m.job, "other");
+  EXPECT_EQ(m.tensor_key, "");
+  EXPECT_EQ(m.count, 0u);
+  EXPECT_EQ(m.client_uid, 0u);
+  EXPECT_TRUE(m.data.empty());
+  EXPECT_GE(m.data.capacity(), big.data.size());  // kept for the next tensor
+
+  // A bad body after a good one: the same errors as DecodeMessage.
+  std::vector<uint8_t> bad = Body(*EncodeMessage(AllReduceMessage()));
+  bad.pop_back();
+  Status s = DecodeMessageInto(bad, &m);
+  EXPECT_EQ(s.code(), DecodeMessage(bad).status().code());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+}
+
+// One connection, frames of very different sizes back to back into one reusable buffer (large
+// ones from a writer thread, since they exceed the socket's buffer), then the part-wise reads.
+TEST(LocalProtocol, ReadFrameIntoManySizesOnOneConnection) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  const std::vector<size_t> sizes = {1, 300000, 17, 1 << 20, 4096, 1 << 20, 2};
+  std::thread writer([&] {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<uint8_t> frame(4 + sizes[i]);
+      for (int b = 0; b < 4; ++b) frame[static_cast<size_t>(b)] = uint8_t(sizes[i] >> (8 * b));
+      for (size_t k = 0; k < sizes[i]; ++k) frame[4 + k] = uint8_t(i * 31 + k * 7);
+      if (!WriteAll(sv[0], frame, Deadline::AfterSeconds(10)).ok()) return;
+    }
+  });
+  std::vector<uint8_t> body;
+  const uint8_t* largest = nullptr;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Status s = ReadFrameInto(sv[1], kDefaultMaxMessageBytes, Deadline::AfterSeconds(10), &body);
+    ASSERT_TRUE(s.ok()) << i << ": " << s;
+    ASSERT_EQ(body.size(), sizes[i]);
+    size_t wrong = 0;
+    for (size_t k = 0; k < sizes[i]; ++k) wrong += body[k] != uint8_t(i * 31 + k * 7);
+    EXPECT_EQ(wrong, 0u) << "frame " << i;
+    if (sizes[i] == (1u << 20)) {
+      // The second 1 MiB frame lands in the buffer the first one grew.
+      if (largest == nullptr) largest = body.data();
+      EXPECT_EQ(body.data(), largest);
+    }
+  }
+  writer.join();
+
+  // Over the limit: refused from the length alone; nothing of the body is read.
+  const uint8_t over[4] = {0x01, 0x04, 0, 0};  // 1025
+  ASSERT_TRUE(WriteAll(sv[0], over, Deadline::AfterSeconds(5)).ok());
+  EXPECT_EQ(ReadFrameInto(sv[1], 1024, Deadline::AfterSeconds(5), &body).code(),
+            StatusCode::kResourceExhausted);
+
+  // Part-wise: the length, some bytes, then the writer goes away mid-body: data loss.
+  const uint8_t part[4 + 6] = {100, 0, 0, 0, 1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(WriteAll(sv[0], part, Deadline::AfterSeconds(5)).ok());
+  auto len = ReadFrameLength(sv[1], 1024, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(len.ok()) << len.status();
+  EXPECT_EQ(*len, 100u);
+  uint8_t first[4];
+  ASSERT_TRUE(ReadFrameBytes(sv[1], first, Deadline::AfterSeconds(5)).ok());
+  EXPECT_EQ(first[3], 4);
+  // The rest does not come: the deadline (a caller then drops the connection).
+  uint8_t rest[96];
+  EXPECT_EQ(ReadFrameBytes(sv[1], rest, Deadline::After(20'000'000)).code(),
+            StatusCode::kDeadlineExceeded);
+  ::close(sv[0]);
+  Status cut = ReadFrameBytes(sv[1], rest, Deadline::AfterSeconds(5));
+  EXPECT_EQ(cut.code(), StatusCode::kDataLoss) << cut;
+  EXPECT_EQ(ReadFrameLength(sv[1], 1024, Deadline::AfterSeconds(5)).status().code(),
+            StatusCode::kUnavailable);
+  ::close(sv[1]);
 }
 
 }  // namespace

@@ -690,5 +690,208 @@ TEST(ChooseLinkCodecs, RequestChecksRefuseMixedLossyResults) {
   }
 }
 
+// ---- Shard weights from measured link rates ----------------------------------------------------
+
+TEST(MeasuredWeights, OfferFlagRoundTripsAndMergesToAll) {
+  JobPolicy p = *ResolvePolicy("zstd", PolicyLimits{});
+  p.measured_weights = true;
+  auto d = DecodePolicyOffer(EncodePolicyOffer(PolicyMessageKind::kOffer, "job", p));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->policy.measured_weights);
+  // Without the bit (a region with configured weights, or an older gateway): not measured.
+  JobPolicy q = p;
+  q.measured_weights = false;
+  std::vector<PolicyOffer> offers = {{"a", p}, {"b", p}, {"c", p}};
+  EXPECT_TRUE(MergePolicies("job", offers)->measured_weights);
+  offers[1].policy = q;
+  EXPECT_FALSE(MergePolicies("job", offers)->measured_weights);
+}
+
+TEST(MeasuredWeights, RatesMessageRoundTripsAndRefusesMalformedOnes) {
+  const WeightsRound round{0x1234567890abcdefull, 3, 7};
+  const std::vector<uint64_t> rates = {0, 25'000'000, 6'250'000};
+  const std::vector<uint8_t> m = EncodeRatesOffer("job-1", round, rates);
+  auto d = DecodeRatesOffer(m);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->job, "job-1");
+  EXPECT_EQ(d->round, round);
+  EXPECT_EQ(d->rates, rates);
+  // Every truncation, another version or kind, and a count that does not match the bytes.
+  for (size_t n = 0; n < m.size(); ++n) {
+    EXPECT_EQ(DecodeRatesOffer(std::span(m.data(), n)).status().code(), StatusCode::kDataLoss) << n;
+  }
+  std::vector<uint8_t> bad = m;
+  bad[0] = 2;
+  EXPECT_NE(DecodeRatesOffer(bad).status().message().find("version 2"), std::string::npos);
+  bad = m;
+  bad[1] = static_cast<uint8_t>(PolicyMessageKind::kOffer);
+  EXPECT_EQ(DecodeRatesOffer(bad).status().code(), StatusCode::kDataLoss);
+  bad = m;
+  bad[2] = 200;  // 200 rates claimed
+  EXPECT_EQ(DecodeRatesOffer(bad).status().code(), StatusCode::kDataLoss);
+  bad = m;
+  bad.push_back(0);
+  EXPECT_EQ(DecodeRatesOffer(bad).status().code(), StatusCode::kDataLoss);
+  // A policy decoder refuses it (kind 3 is not an offer), and the rates decoder a policy offer.
+  EXPECT_FALSE(DecodePolicyOffer(m).ok());
+  EXPECT_FALSE(DecodeRatesOffer(EncodePolicyOffer(PolicyMessageKind::kOffer, "job",
+                                                  *ResolvePolicy("zstd", PolicyLimits{})))
+                   .ok());
+}
+
+TEST(MeasuredWeights, RatesChangedBy25Percent) {
+  const std::vector<uint64_t> base = {0, 100, 100, 100, 0, 100, 100, 100, 0};
+  std::vector<uint64_t> now = base;
+  EXPECT_FALSE(RatesChanged(base, now, 25));
+  now[1] = 125;  // exactly 25%: not more
+  now[5] = 76;
+  EXPECT_FALSE(RatesChanged(base, now, 25));
+  now[0] = 999;  // the diagonal does not count
+  EXPECT_FALSE(RatesChanged(base, now, 25));
+  now[1] = 126;
+  EXPECT_TRUE(RatesChanged(base, now, 25));
+  now = base;
+  now[7] = 0;  // known -> unknown
+  EXPECT_TRUE(RatesChanged(base, now, 25));
+  EXPECT_TRUE(RatesChanged({}, base, 25));
+}
+
+// Three gateways' agreements wired to each other by hand (the gateway sends over its links).
+struct Trio {
+  std::vector<std::unique_ptr<WeightsAgreement>> g;
+  Trio() {
+    for (int r = 0; r < 3; ++r) g.push_back(std::make_unique<WeightsAgreement>(r, 3));
+  }
+  // Rank `from` offers `rates` for the round; delivered to every other rank unless `deliver`.
+  bool Offer(int from, const std::string& job, const WeightsRound& round,
+             std::vector<uint64_t> rates, bool deliver = true) {
+    auto m = g[static_cast<size_t>(from)]->Offer(job, round, std::move(rates));
+    if (!m.has_value()) return false;
+    for (int to = 0; deliver && to < 3; ++to) {
+      if (to != from) {
+        EXPECT_TRUE(g[static_cast<size_t>(to)]->OnMessage(from, *m).ok());
+      }
+    }
+    return true;
+  }
+  std::vector<std::vector<uint64_t>> Weights(const std::string& job, const WeightsRound& round) {
+    std::vector<std::vector<uint64_t>> w;
+    for (auto& a : g) {
+      auto r = a->Weights(job, round, Deadline::AfterSeconds(5));
+      EXPECT_TRUE(r.ok()) << r.status();
+      w.push_back(r.ok() ? *r : std::vector<uint64_t>{999});
+    }
+    return w;
+  }
+};
+
+// Egress rows of 0-1 200, 0-2 100, 1-2 50 (any unit), scaled by `f` percent.
+std::vector<uint64_t> Row(int rank, uint64_t f = 100) {
+  const uint64_t pair[3][3] = {{0, 200, 100}, {200, 0, 50}, {100, 50, 0}};
+  std::vector<uint64_t> row(3);
+  for (int c = 0; c < 3; ++c) row[static_cast<size_t>(c)] = pair[rank][c] * f / 100;
+  return row;
+}
+
+TEST(MeasuredWeights, EveryGatewayComputesTheSameWeights) {
+  Trio t;
+  const WeightsRound r0{42, 0, 0};
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(t.Offer(r, "j", r0, Row(r)));
+  const auto w = t.Weights("j", r0);
+  EXPECT_EQ(w[0], (std::vector<uint64_t>{200, 100, 1}));
+  EXPECT_EQ(w[1], w[0]);
+  EXPECT_EQ(w[2], w[0]);
+  // The first offer of a round wins: a second one is not sent, and a late duplicate from a
+  // peer changes nothing.
+  EXPECT_FALSE(t.Offer(0, "j", r0, Row(0, 10)));
+  ASSERT_TRUE(t.g[1]->OnMessage(0, EncodeRatesOffer("j", r0, Row(0, 10))).ok());
+  EXPECT_EQ(*t.g[1]->Weights("j", r0, Deadline::AfterSeconds(1)), w[0]);
+  // Other jobs are apart.
+  EXPECT_EQ(t.g[0]->Missing("other", r0), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(MeasuredWeights, UnknownOrEqualRatesGiveEqualShards) {
+  Trio t;
+  const WeightsRound r0{42, 0, 0};
+  // Rank 2 has measured nothing yet.
+  ASSERT_TRUE(t.Offer(0, "j", r0, Row(0)));
+  ASSERT_TRUE(t.Offer(1, "j", r0, Row(1)));
+  ASSERT_TRUE(t.Offer(2, "j", r0, {0, 0, 0}));
+  for (const auto& w : t.Weights("j", r0)) EXPECT_TRUE(w.empty());
+  const WeightsRound e1{42, 1, 0};
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(t.Offer(r, "j", e1, {100, 100, 100}));
+  for (const auto& w : t.Weights("j", e1)) EXPECT_TRUE(w.empty());
+}
+
+TEST(MeasuredWeights, WeightsMoveOnlyWhenARateMovesByMoreThan25Percent) {
+  Trio t;
+  WeightsRound round{42, 0, 0};
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(t.Offer(r, "j", round, Row(r)));
+  const auto first = t.Weights("j", round)[0];
+  ASSERT_EQ(first, (std::vector<uint64_t>{200, 100, 1}));
+  // Round 1: every rate 20% lower: the weights stay (the old matrix's weights, not new ones).
+  round.round = 1;
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(t.Offer(r, "j", round, Row(r, 80)));
+  for (const auto& w : t.Weights("j", round)) EXPECT_EQ(w, first);
+  // Round 2: rank 0's egress to 2 drops to 30: recomputed everywhere. Pairs 0-1 200, 0-2 30
+  // (the slower direction), 1-2 50: x0 <= 30 - x2, x1 <= 50 - x2, so x = (30, 50, 0).
+  round.round = 2;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<uint64_t> row = Row(r);
+    if (r == 0) row[2] = 30;
+    ASSERT_TRUE(t.Offer(r, "j", round, row));
+  }
+  const auto moved = t.Weights("j", round);
+  EXPECT_EQ(moved[0], (std::vector<uint64_t>{60, 100, 1}));
+  EXPECT_EQ(moved[1], moved[0]);
+  EXPECT_EQ(moved[2], moved[0]);
+  // Asking again for an earlier round gives what it gave then.
+  round.round = 1;
+  EXPECT_EQ(*t.g[2]->Weights("j", round, Deadline::AfterSeconds(1)), first);
+}
+
+TEST(MeasuredWeights, WaitsForEveryRankAndNamesTheMissingOnes) {
+  Trio t;
+  const WeightsRound r0{7, 0, 0};
+  ASSERT_TRUE(t.Offer(0, "j", r0, Row(0)));
+  ASSERT_TRUE(t.Offer(1, "j", r0, Row(1), /*deliver=*/false));  // lost on the way
+  auto w = t.g[0]->Weights("j", r0, Deadline::After(100'000'000));
+  EXPECT_EQ(w.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(w.status().message().find("rank(s) 1, 2"), std::string::npos) << w.status();
+  EXPECT_EQ(t.g[0]->Missing("j", r0), (std::vector<int>{1, 2}));
+  // Rank 1 sends its offer again (the gateway does for missing peers); rank 2 offers late,
+  // while rank 0 waits.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(t.g[0]->OnMessage(1, *t.g[1]->LocalOffer("j", r0)).ok());
+    t.Offer(2, "j", r0, Row(2));
+  });
+  auto later = t.g[0]->Weights("j", r0, Deadline::AfterSeconds(10));
+  late.join();
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*later, (std::vector<uint64_t>{200, 100, 1}));
+  // Messages from outside the world or of the wrong size are refused.
+  EXPECT_FALSE(t.g[0]->OnMessage(0, EncodeRatesOffer("j", r0, Row(1))).ok());
+  EXPECT_FALSE(t.g[0]->OnMessage(3, EncodeRatesOffer("j", r0, Row(1))).ok());
+  EXPECT_EQ(t.g[0]->OnMessage(1, EncodeRatesOffer("j", r0, {1, 2})).code(),
+            StatusCode::kDataLoss);
+}
+
+TEST(MeasuredWeights, KeepsOnlyTheLatestRounds) {
+  WeightsAgreement a(0, 3);
+  for (uint64_t r = 0; r < 100; ++r) {
+    ASSERT_TRUE(a.Offer("j", WeightsRound{1, 0, r}, {0, 5, 5}).has_value());
+  }
+  EXPECT_FALSE(a.LocalOffer("j", WeightsRound{1, 0, 0}).has_value());
+  EXPECT_TRUE(a.LocalOffer("j", WeightsRound{1, 0, 99}).has_value());
+  EXPECT_TRUE(
+      a.LocalOffer("j", WeightsRound{1, 0, 100 - WeightsAgreement::kKeptRounds}).has_value());
+  // A new epoch's rounds start again at 0: they are the newest, so the old epoch's go first.
+  ASSERT_TRUE(a.Offer("j", WeightsRound{1, 1, 0}, {0, 5, 5}).has_value());
+  EXPECT_TRUE(a.LocalOffer("j", WeightsRound{1, 1, 0}).has_value());
+  EXPECT_FALSE(
+      a.LocalOffer("j", WeightsRound{1, 0, 100 - WeightsAgreement::kKeptRounds}).has_value());
+}
+
 }  // namespace
 }  // namespace strait::gateway
