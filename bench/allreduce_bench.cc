@@ -33,6 +33,7 @@
 #include "bench/wanem/config.h"
 #include "bench/wanem/emulator.h"
 #include "bench/wanem/netns.h"
+#include "collective/plan.h"
 #include "common/clock.h"
 #include "common/units.h"
 #include "gateway/client.h"
@@ -58,7 +59,7 @@ struct Flags {
   std::string codec = "int8";  // a list: one mesh row per codec (and shard mode)
   std::string link = "100mbit,20ms";
   std::vector<std::string> pairs;   // strait-wanem --pair overrides
-  std::string shards = "weighted";  // a list of "weighted", "balanced", "even"
+  std::string shards = "weighted";  // a list of "weighted", "balanced", "measured", "even"
   std::string transport = "auto";   // auto (tls when emulated), tls, plain
   int iters = 5;
   int warmup = 1;
@@ -703,76 +704,24 @@ std::vector<uint64_t> SlowestLinkWeights(const wanem::LinkTable& t) {
   return w;
 }
 
-// Shares that minimise the busiest link's time, max over pairs of (s_i + s_j) / c_ij with c_ij
-// the slower direction of pair (i, j): the linear program max sum(x) subject to
-// x_i + x_j <= c_ij, x >= 0, then s = x / sum(x) (and T = 1 / sum(x)). Solved with a dense
-// simplex and Bland's rule (no cycling); the origin is feasible, so no first phase is needed.
-// A region may get (almost) nothing to own: with pairs 0-1 200, 0-2 100, 1-2 50 Mbit/s the
-// optimum is (2/3, 1/3, 0), whose floor is half the even split's, where the slowest-link rule
-// gets 1.32x. As weights (millionths, at least 1: every owner keeps at least one unit).
+// Shares that minimise the busiest link's time: collective::BalancedShardWeights (plan.h) on the
+// emulated per-pair rates, the rule straitd applies to its measured rates when no shard_weights
+// are configured. A region may get (almost) nothing to own: with pairs 0-1 200, 0-2 100, 1-2
+// 50 Mbit/s the optimum is (2/3, 1/3, 0), whose floor is half the even split's, where the
+// slowest-link rule gets 1.32x.
 std::vector<uint64_t> BalancedWeights(const wanem::LinkTable& t) {
   const size_t n = static_cast<size_t>(t.regions);
-  std::vector<std::pair<size_t, size_t>> pairs;
-  std::vector<double> cap;  // Mbit/s, so that the tableau's numbers stay near 1
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t j = i + 1; j < n; ++j) {
-      pairs.emplace_back(i, j);
-      cap.push_back(std::min(RateBps(t, static_cast<int>(i), static_cast<int>(j)),
-                             RateBps(t, static_cast<int>(j), static_cast<int>(i))) /
-                    1e6);
-    }
-  }
-  const size_t m = pairs.size(), cols = n + m;  // x, then one slack per pair; then b
-  std::vector<std::vector<double>> a(m + 1, std::vector<double>(cols + 1, 0.0));
-  std::vector<size_t> basis(m);
-  for (size_t r = 0; r < m; ++r) {
-    a[r][pairs[r].first] = 1;
-    a[r][pairs[r].second] = 1;
-    a[r][n + r] = 1;
-    a[r][cols] = cap[r];
-    basis[r] = n + r;
-  }
-  for (size_t j = 0; j < n; ++j) a[m][j] = -1;  // the objective row: z - sum(x) = 0
-  constexpr double kEps = 1e-12;
-  for (int iter = 0; iter < 100000; ++iter) {
-    size_t enter = cols;
-    for (size_t j = 0; j < cols && enter == cols; ++j) {
-      if (a[m][j] < -kEps) enter = j;
-    }
-    if (enter == cols) break;  // optimal
-    size_t leave = m;
-    double best = 0;
-    for (size_t r = 0; r < m; ++r) {
-      if (a[r][enter] <= kEps) continue;
-      const double ratio = a[r][cols] / a[r][enter];
-      if (leave == m || ratio < best - kEps ||
-          (std::fabs(ratio - best) <= kEps && basis[r] < basis[leave])) {
-        leave = r;
-        best = ratio;
+  std::vector<uint64_t> rates(n * n, 0);
+  for (int i = 0; i < t.regions; ++i) {
+    for (int j = 0; j < t.regions; ++j) {
+      if (i != j) {
+        rates[static_cast<size_t>(i) * n + static_cast<size_t>(j)] =
+            static_cast<uint64_t>(RateBps(t, i, j));
       }
     }
-    if (leave == m) break;  // unbounded: impossible, every x_i has a capped pair
-    const double pivot = a[leave][enter];
-    for (double& v : a[leave]) v /= pivot;
-    for (size_t r = 0; r <= m; ++r) {
-      if (r == leave || a[r][enter] == 0) continue;
-      const double factor = a[r][enter];
-      for (size_t j = 0; j <= cols; ++j) a[r][j] -= factor * a[leave][j];
-    }
-    basis[leave] = enter;
   }
-  std::vector<double> x(n, 0.0);
-  for (size_t r = 0; r < m; ++r) {
-    if (basis[r] < n) x[basis[r]] = std::max(0.0, a[r][cols]);
-  }
-  double total = 0;
-  for (double v : x) total += v;
-  std::vector<uint64_t> w(n, 1);
-  if (total <= 0) return w;
-  for (size_t i = 0; i < n; ++i) {
-    w[i] = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(x[i] / total * 1e6)));
-  }
-  return w;
+  auto w = collective::BalancedShardWeights(rates, t.regions);
+  return w.ok() ? *w : std::vector<uint64_t>(n, 1);
 }
 
 // The mesh's floor on strait-wanem, where every directed pair has its own rate: link j -> i
@@ -814,7 +763,7 @@ bool LinksEqual(const wanem::LinkTable& t) {
 struct RunResult {
   std::string label;
   std::string codec;   // mesh: the --codec entry
-  std::string shards;  // mesh: "weighted", "balanced" or "even"; ring: ""
+  std::string shards;  // mesh: "weighted", "balanced", "measured" or "even"; ring: ""
   std::vector<uint64_t> weights;
   std::string policy;
   int participants = 0;  // busbw's n
@@ -1217,7 +1166,7 @@ std::string FormatTable(const Report& rep) {
   }
   for (const std::string& codec : SplitCodecs(f.codec)) {
     const RunResult* even = FindRun(rep, codec, "even");
-    for (const char* mode : {"weighted", "balanced"}) {
+    for (const char* mode : {"weighted", "balanced", "measured"}) {
       const RunResult* other = FindRun(rep, codec, mode);
       if (even == nullptr || other == nullptr) continue;
       std::snprintf(line, sizeof(line), "# %s: even / %s shards time: %.2fx", codec.c_str(), mode,
@@ -1330,10 +1279,13 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   const std::vector<std::string> codecs = SplitCodecs(f.codec);
   const std::vector<std::string> shard_modes = SplitList(f.shards);
   if (codecs.empty()) return UsageError(kCommand, "--codec", "give at least one codec");
-  if (shard_modes.empty()) return UsageError(kCommand, "--shards", "even, weighted or both");
+  if (shard_modes.empty()) {
+    return UsageError(kCommand, "--shards", "a list of even, weighted, balanced and measured");
+  }
   for (const std::string& m : shard_modes) {
-    if (m != "even" && m != "weighted" && m != "balanced") {
-      return UsageError(kCommand, "--shards", "a list of even and weighted, not '" + m + "'");
+    if (m != "even" && m != "weighted" && m != "balanced" && m != "measured") {
+      return UsageError(kCommand, "--shards",
+                        "a list of even, weighted, balanced and measured, not '" + m + "'");
     }
   }
   Setup s;
@@ -1391,7 +1343,11 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   const double plain_bytes_total = 2.0 * bytes * (n - 1);
   int job_index = 0;
   for (const std::string& mode : shard_modes) {
-    std::vector<uint64_t> weights;  // even, and equal links: none
+    // Equal links, and measured: none (straitd measures its links and balances on them, which
+    // gives equal shards on equal links). Even on unequal links: all 1, which straitd takes as
+    // the operator's choice over its measurements.
+    std::vector<uint64_t> weights;
+    if (!rep.links_equal && mode == "even") weights.assign(static_cast<size_t>(f.regions), 1);
     if (!rep.links_equal && mode == "weighted") weights = SlowestLinkWeights(s.table);
     if (!rep.links_equal && mode == "balanced") weights = BalancedWeights(s.table);
     if (c.daemons.empty() || weights != c.weights) {
@@ -1411,7 +1367,10 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
         mesh->codec_ratio = plain_bytes_total / static_cast<double>(mesh->wan_bytes_per_iter);
       }
       const double ratio = mesh->codec_ratio > 0 ? mesh->codec_ratio : 1.0;
-      mesh->floor_s = PairFloor(s.table, weights, bytes, ratio);
+      // Measured: straitd should land on the balanced split of the rates it sees.
+      mesh->floor_s = PairFloor(
+          s.table, mode == "measured" && !rep.links_equal ? BalancedWeights(s.table) : weights,
+          bytes, ratio);
       mesh->bound_s = rep.links_equal ? LinkBound(s, f.regions, bytes, ratio) : mesh->floor_s;
       rep.runs.push_back(*mesh);
     }
@@ -1480,7 +1439,9 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--shards", f->shards,
                  "Shard split of the mesh, given to straitd as allreduce.shard_weights: weighted "
                  "(each region's weight = its slowest link's rate), balanced (the split that "
-                 "minimises the busiest link's time, a small linear program), even; several "
+                 "minimises the busiest link's time, a small linear program), measured (no "
+                 "shard_weights: straitd applies the balanced rule to the link rates it "
+                 "measures), even; several "
                  "comma-separated run one row each, the gateways restarted in between. Equal "
                  "links give equal shards in every mode")
       ->capture_default_str();
