@@ -143,19 +143,15 @@ int StreamCountController::Hold(int k) {
   return current_;
 }
 
-int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
-                                  double retransmissions_per_s) {
+int StreamCountController::Update(double goodput_bytes_per_s, bool busy) {
   if (!busy || !(goodput_bytes_per_s > 0)) return current_;
   const double goodput = goodput_bytes_per_s;
-  const double retrans = std::max(0.0, retransmissions_per_s);
   switch (phase_) {
     case Phase::kHolding:
       // Keep the reference current, so that the next probe compares against now.
       base_k_ = current_;
       base_goodput_ = goodput;
-      base_retrans_ = retrans;
       if (--hold_ > 0) return current_;
-      // Whether fewer streams were worse is still known from before the hold (base_gained_).
       phase_ = Phase::kGrowing;
       rounds_at_k_ = kRoundsPerStep;  // the hold measured this K
       if (current_ < max_) return Double();
@@ -169,8 +165,6 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
         // round is the reference.
         base_k_ = current_;
         base_goodput_ = goodput;
-        base_retrans_ = retrans;
-        base_gained_ = false;
         if (rounds_at_k_ < kRoundsPerStep && current_ < max_) return current_;
         if (current_ >= max_) return Hold(current_);
         return Double();
@@ -182,8 +176,6 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
                                (static_cast<double>(current_) / static_cast<double>(base_k_));
         base_k_ = current_;
         base_goodput_ = goodput;
-        base_retrans_ = retrans;
-        base_gained_ = true;
         if (current_ >= max_) return Hold(current_);
         if (scaling >= kLinearScaling) Double();
         return Double();
@@ -193,29 +185,7 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
         // up, and the others were disturbed by their start. The better round counts.
         return current_;
       }
-      // The doubling did not pay. Streams fighting over one queue show as more
-      // retransmissions and clearly less goodput: then fewer streams than the base may do better,
-      // unless the base was itself reached by a doubling that paid (half of it is known to be
-      // worse). Where goodput merely stayed level, going back to the base is enough: every
-      // step down costs a dip while the remaining streams grow into the freed share.
-      if (!base_gained_ && retrans > base_retrans_ * (1 + kRetransRise) + kRetransFloorPerS &&
-          goodput < base_goodput_ * (1 - kShrinkLoss) && base_k_ > min_) {
-        phase_ = Phase::kShrinking;
-        current_ = std::max(min_, base_k_ / 2);
-        return current_;
-      }
-      return Hold(base_k_);
-
-    case Phase::kShrinking:
-      if (goodput >= base_goodput_ * (1 - kDownTolerance)) {
-        // As good with fewer streams: keep it; the reference stays the best goodput seen so
-        // that a run of steps down cannot lose more than kDownTolerance in all.
-        base_k_ = current_;
-        base_retrans_ = retrans;
-        if (current_ <= min_) return Hold(current_);
-        current_ = std::max(min_, current_ / 2);
-        return current_;
-      }
+      // The doubling did not pay: back to the base, and hold.
       return Hold(base_k_);
   }
   return current_;

@@ -79,8 +79,8 @@ int64_t PathRttNs(const LinkEstimates& link);
 uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t current,
                           uint32_t min_bytes, uint32_t max_bytes);
 
-// Decides K, the number of streams, from one measurement round at a time (goodput and TCP
-// retransmissions per second while the link was busy; idle rounds change nothing):
+// Decides K, the number of streams, from one measurement round at a time (goodput while the
+// link was busy; idle rounds change nothing):
 //   - Growing: K doubles (capped at max_streams) while each doubling raised goodput by at least
 //     `gain` (default 10%) in one of its two rounds (the first round after a change is
 //     disturbed by the streams that joined; the starting K's reference is its second round).
@@ -89,13 +89,10 @@ uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t curre
 //     would stall: a 17th stream adds only 1/16. When a step's goodput grew nearly in proportion
 //     to K (kLinearScaling), the next step quadruples K, so that loss-bound streams reach tens
 //     within the first seconds of a transfer.
-//   - A doubling that did not pay goes back to the K before it. If it also raised the
-//     retransmission rate (by more than a quarter) and lowered goodput (by more than 10%), the
-//     streams were fighting over a queue rather than a cap, and unless that K was itself
-//     reached by a doubling that paid, the controller probes downwards: K/2, K/4, ... while
-//     goodput stays within 3% of the best, so that BBR, which fills a path with one stream and
-//     loses goodput to more, settles low. (Where goodput stayed level it only goes back: each
-//     step down costs a dip while the remaining streams grow into the freed share.)
+//   - A doubling that did not pay goes back to the K before it. It never probes below that:
+//     fewer streams than the start gained nothing measurable on the emulated WAN (BBR fills a
+//     path with one stream but also with four), while every step down cost a dip of seconds as
+//     the remaining streams grew into the freed share (bench/README.md).
 //   - Then it holds for `hold_rounds` rounds (tracking the goodput there) and probes upwards
 //     again, as conditions may have changed.
 // Never leaves [min_streams, max_streams]. Not thread-safe; one per link.
@@ -104,27 +101,18 @@ class StreamCountController {
   StreamCountController(int initial, int min_streams, int max_streams, double gain = 0.10,
                         int hold_rounds = 20);
   // One measurement round at the current K; returns the K to use next.
-  int Update(double goodput_bytes_per_s, bool busy, double retransmissions_per_s = 0);
+  int Update(double goodput_bytes_per_s, bool busy);
   int streams() const { return current_; }
 
   // Rounds a K gets before it is judged not to pay (it pays as soon as one round does), and
   // rounds the starting K is measured (the last one counts).
   static constexpr int kRoundsPerStep = 2;
-  // A step down is kept while goodput stays within this fraction of the best seen.
-  static constexpr double kDownTolerance = 0.03;
-  // A failed doubling probes below its base only when it lost this much goodput: a smaller loss
-  // is within what two rounds on a shared path vary by, and every step down costs a dip.
-  static constexpr double kShrinkLoss = 0.10;
-  // A doubling that raised retransmissions per second by more than this fraction (and by at
-  // least kRetransFloorPerS) without paying in goodput starts a downward probe.
-  static constexpr double kRetransRise = 0.25;
-  static constexpr double kRetransFloorPerS = 5;
   // A step whose goodput grew by at least this fraction of its growth in K (a doubling by 1.7x)
   // is followed by two doublings at once.
   static constexpr double kLinearScaling = 0.85;
 
  private:
-  enum class Phase { kGrowing, kShrinking, kHolding };
+  enum class Phase { kGrowing, kHolding };
 
   int Hold(int k);
   int Double();
@@ -139,9 +127,6 @@ class StreamCountController {
   // The K a step started from and what it measured (no measurement yet: goodput 0).
   int base_k_;
   double base_goodput_ = 0;
-  double base_retrans_ = 0;
-  // The base was reached by a doubling that paid, so K/2 is known to do worse.
-  bool base_gained_ = false;
   int rounds_at_k_ = 0;  // busy rounds measured at the current K while growing
 };
 

@@ -1041,7 +1041,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
                                       options_.min_chunk_bytes, options_.max_chunk_bytes);
     }
     if (role_ == Role::kDialer && options_.adapt_streams) {
-      const int next = controller_.Update(goodput, busy, retrans_per_s);
+      const int next = controller_.Update(goodput, busy);
       const int old = target_streams_;
       if (next != old) {
         STRAIT_LOG(kInfo, "net") << "link to " << peer_name_ << ": " << old << " -> " << next

@@ -54,11 +54,11 @@ enum class Transport : uint8_t {
 
 // Adaptation is on by default (since the per-flow-cap WAN test showed it converging). A round is
 // max(1 s, 10 RTT) of busy link, measured after new streams had max(1.5 s, 4 RTT) to leave slow
-// start. K starts at `streams` and doubles each round while the doubling raised goodput by at
-// least 10% (per-flow caps and loss-bound cubic need tens of streams: 4 -> 8 -> 16 -> 32 -> 64);
-// a doubling that did not pay goes back, and if it only raised TCP retransmissions (streams
-// fighting over one queue, as BBR flows do) K halves while goodput stays within 3% of the best.
-// Then K holds for 20 rounds and probes upwards again; it stays within [min_streams,
+// start; its goodput is the data cut during the round that the peer acknowledged (read two RTTs
+// after it). K starts at `streams` and doubles each round while the doubling raised goodput by
+// at least 10% (per-flow caps and loss-bound cubic need tens of streams), quadrupling after a
+// near-linear gain (4 -> 8 -> 32 -> 64); a doubling that did not pay goes back, never below the
+// start. Then K holds for 20 rounds and probes upwards again; it stays within [min_streams,
 // max_streams]. Streams taken out are retired (drained, no resends). The chunk size follows a
 // quarter of one stream's share of bandwidth x path RTT (the kernel's minimum RTT). Set
 // adapt_streams / adapt_chunk to false for a fixed K or chunk size. See StreamCountController.

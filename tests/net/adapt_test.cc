@@ -124,25 +124,23 @@ TEST(ChooseChunkBytes, UsesThePathRttNotTheQueueBehindWhichPingsWait) {
   EXPECT_EQ(PathRttNs(e), 700'000'000);
 }
 
-// Runs the controller against a goodput (and retransmission) model for `rounds` busy rounds;
-// returns the K visited after each round.
-template <typename Goodput, typename Retrans>
-std::vector<int> RunRounds(StreamCountController& k, int rounds, Goodput goodput, Retrans retrans) {
+// Runs the controller against a goodput model for `rounds` busy rounds; returns the K visited
+// after each round.
+template <typename Goodput>
+std::vector<int> RunRounds(StreamCountController& k, int rounds, Goodput goodput) {
   std::vector<int> visited;
   for (int round = 0; round < rounds; ++round) {
     const int streams = k.streams();
-    visited.push_back(k.Update(goodput(streams), true, retrans(streams)));
+    visited.push_back(k.Update(goodput(streams), true));
   }
   return visited;
 }
-
-auto NoRetrans = [](int) { return 0.0; };
 
 TEST(StreamCountController, DoublesWhileGoodputGrowsThenSettlesOnTheBest) {
   StreamCountController k(1, 1, 64, 0.10, 10);
   // A per-flow cap: goodput linear up to 5 streams, then flat.
   auto goodput = [](int streams) { return 100.0 * std::min(streams, 5); };
-  const std::vector<int> visited = RunRounds(k, 8, goodput, NoRetrans);
+  const std::vector<int> visited = RunRounds(k, 8, goodput);
   // Two rounds at the start, then 1 -> 2 (twice the goodput: linear, so the next step
   // quadruples) -> 8 (+150%) -> 16 (+0% in both of its rounds): back to 8, and hold.
   EXPECT_EQ(visited, (std::vector<int>{1, 2, 8, 16, 16, 8, 8, 8}));
@@ -154,8 +152,7 @@ TEST(StreamCountController, ReachesTensOfStreamsWhenEachStreamIsLossBound) {
   // Cubic at 1% loss on a 100 ms path: ~1.7 Mbit/s per stream up to the link's 96.
   StreamCountController k(4, 1, 64, 0.10, 10);
   auto goodput = [](int streams) { return std::min(1.7e6 * streams, 96e6) / 8; };
-  auto retrans = [](int streams) { return 15.0 * streams; };  // proportional: no fight
-  const std::vector<int> visited = RunRounds(k, 6, goodput, retrans);
+  const std::vector<int> visited = RunRounds(k, 6, goodput);
   // Each step doubles the goodput, so after the first doubling K quadruples: 8 -> 32 -> 64.
   EXPECT_EQ(visited, (std::vector<int>{4, 8, 32, 64, 64, 64}));
 }
@@ -163,7 +160,7 @@ TEST(StreamCountController, ReachesTensOfStreamsWhenEachStreamIsLossBound) {
 TEST(StreamCountController, MaxStreamsCapsTheDoubling) {
   StreamCountController k(1, 1, 10, 0.10, 10);
   auto goodput = [](int streams) { return 100.0 * streams; };
-  EXPECT_EQ(RunRounds(k, 5, goodput, NoRetrans), (std::vector<int>{1, 2, 8, 10, 10}));
+  EXPECT_EQ(RunRounds(k, 5, goodput), (std::vector<int>{1, 2, 8, 10, 10}));
 }
 
 TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
@@ -176,53 +173,30 @@ TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
   EXPECT_EQ(k.Update(400, true), 4);
 }
 
-TEST(StreamCountController, ProbesDownWhenMoreStreamsCostGoodputAndAddRetransmissions) {
-  // BBR: one stream fills the path; more streams fight over the queue and lose a little.
+TEST(StreamCountController, AFailedDoublingGoesBackToItsBaseAndNeverBelow) {
+  // BBR: one stream fills the path, more streams fight over the queue and lose goodput. The
+  // controller goes back to where it started rather than probing below it.
   StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return 12e6 * (streams > 4 ? 0.85 : 1.0); };
-  auto retrans = [](int streams) { return 40.0 * streams; };
-  const std::vector<int> visited = RunRounds(k, 7, goodput, retrans);
-  // 4 -> 8 (-15%, twice the retransmissions) -> below 4: 2, 1 (as good) -> hold at 1.
-  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 1, 1, 1}));
+  auto goodput = [](int streams) { return 12e6 * (streams > 4 ? 0.8 : 1.0); };
+  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{4, 8, 8, 4, 4, 4}));
 }
 
-TEST(StreamCountController, OnlyGoesBackWhereMoreStreamsKeepGoodputAboutLevel) {
-  // More retransmissions and 5% less goodput (noise on a shared path): back to the base, no
-  // dip below it.
-  StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return 12e6 * (streams > 4 ? 0.95 : 1.0); };
-  auto retrans = [](int streams) { return 40.0 * streams; };
-  EXPECT_EQ(RunRounds(k, 6, goodput, retrans), (std::vector<int>{4, 8, 8, 4, 4, 4}));
-}
-
-TEST(StreamCountController, StopsProbingDownWhereGoodputDrops) {
-  // A per-flow cap at a quarter of the link; past it, streams fight and lose goodput.
-  StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return streams > 4 ? 350.0 : 100.0 * streams; };
-  auto retrans = [](int streams) { return streams > 4 ? 100.0 * streams : 10.0; };
-  const std::vector<int> visited = RunRounds(k, 6, goodput, retrans);
-  // 4 -> 8 (less goodput, more retransmissions) -> 2 (half the goodput) -> back to 4, hold.
-  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 2, 4, 4}));
-}
-
-TEST(StreamCountController, DoesNotProbeBelowAKThatPaid) {
-  // 16 -> 32 paid; 64 adds only retransmissions (a full queue), but 16 is known to be worse.
+TEST(StreamCountController, GoesBackToAKThatPaid) {
+  // 16 -> 32 paid; 64 adds nothing: back to 32.
   StreamCountController k(16, 1, 64, 0.10, 100);
   auto goodput = [](int streams) { return 100.0 * std::min(streams, 32); };
-  auto retrans = [](int streams) { return streams > 32 ? 1000.0 : 10.0; };
-  EXPECT_EQ(RunRounds(k, 6, goodput, retrans), (std::vector<int>{16, 32, 64, 64, 32, 32}));
+  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{16, 32, 64, 64, 32, 32}));
 }
 
 TEST(StreamCountController, ProbesUpAgainAfterHolding) {
   StreamCountController k(4, 1, 64, 0.10, 3);
   int cap = 4;  // conditions change while it holds: the cap moves from 4 to 16 streams
   auto goodput = [&cap](int streams) { return 100.0 * std::min(streams, cap); };
-  EXPECT_EQ(RunRounds(k, 4, goodput, NoRetrans), (std::vector<int>{4, 8, 8, 4}));
+  EXPECT_EQ(RunRounds(k, 4, goodput), (std::vector<int>{4, 8, 8, 4}));
   cap = 16;
   // Holds three rounds at 4, then grows while it pays: 8 (linear, so quadruple) -> 32 (+100%)
   // -> 64 (nothing more): back to 32, where 16 would do as well -- the price of growing fast.
-  EXPECT_EQ(RunRounds(k, 8, goodput, NoRetrans),
-            (std::vector<int>{4, 4, 8, 32, 64, 64, 32, 32}));
+  EXPECT_EQ(RunRounds(k, 8, goodput), (std::vector<int>{4, 4, 8, 32, 64, 64, 32, 32}));
 }
 
 TEST(StreamCountController, DoublesOnlyWhereGoodputGrewLessThanLinearly) {
@@ -230,14 +204,13 @@ TEST(StreamCountController, DoublesOnlyWhereGoodputGrewLessThanLinearly) {
   // (not 32); 16 adds nothing: back to 8.
   StreamCountController k(4, 1, 64, 0.10, 100);
   auto goodput = [](int streams) { return 20.0 * std::min(streams, 5); };
-  EXPECT_EQ(RunRounds(k, 6, goodput, NoRetrans), (std::vector<int>{4, 8, 16, 16, 8, 8}));
+  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{4, 8, 16, 16, 8, 8}));
 }
 
 TEST(StreamCountController, StaysWithinItsBounds) {
   StreamCountController k(8, 4, 12, 0.10, 2);
-  auto goodput = [](int) { return 100.0; };
-  auto retrans = [](int streams) { return 50.0 * streams; };
-  for (int k_next : RunRounds(k, 20, goodput, retrans)) {
+  auto goodput = [](int streams) { return 100.0 * streams; };
+  for (int k_next : RunRounds(k, 20, goodput)) {
     EXPECT_GE(k_next, 4);
     EXPECT_LE(k_next, 12);
   }
