@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -33,6 +34,57 @@ const char* TypeName(toml::node_type type) {
     case toml::node_type::date_time: return "a date-time";
     default: return "nothing";
   }
+}
+
+// Every key the parser accepts, dotted, in the order of config.h's format comment; names the
+// operator chooses are placeholders in angle brackets. KnownConfigKeys() returns this list and
+// deploy/CONFIG.md documents it (tests/deploy/config_reference_test.cc holds the two together).
+// Reader::CheckNoUnknownKeys refuses to run when a table's keys differ from it, so a key added
+// to the parser but not here fails every parse of that table in the tests.
+constexpr std::string_view kKnownKeys[] = {
+    "region",
+    "shard_index",
+    "local.socket",
+    "local.allowed_uids",
+    "local.allowed_gids",
+    "wan.listen",
+    "wan.transport",
+    "tls.ca",
+    "tls.cert",
+    "tls.key",
+    "peers.<region>.shard_<index>",
+    "link.streams",
+    "link.adapt_streams",
+    "link.congestion_control",
+    "link.handshake_timeout",
+    "link.unreachable_after",
+    "link.stream_timeout",
+    "policy.codec",
+    "policy.error_feedback",
+    "policy.min_lossy_bytes",
+    "policy.max_relative_error",
+    "policy.allowed_codecs",
+    "metrics.listen",
+    "allreduce.deadline",
+    "allreduce.shutdown_grace",
+    "allreduce.shard_weights.<region>",
+};
+
+// The names directly inside the table at `path` ("" = the top level) that kKnownKeys holds.
+std::vector<std::string> KnownKeysIn(std::string_view path) {
+  std::vector<std::string> names;
+  for (std::string_view key : kKnownKeys) {
+    if (!path.empty()) {
+      if (key.size() <= path.size() || key.substr(0, path.size()) != path ||
+          key[path.size()] != '.') {
+        continue;
+      }
+      key.remove_prefix(path.size() + 1);
+    }
+    std::string name(key.substr(0, key.find('.')));
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
 }
 
 std::string Join(const std::string& prefix, std::string_view key) {
@@ -184,6 +236,19 @@ class Reader {
 
   // The first key that no accessor asked for, as an error listing the known ones.
   Status CheckNoUnknownKeys(const std::vector<std::string_view>& known) const {
+    // A programmer error, caught by every test that parses this table: the keys read here
+    // must be the documented ones (kKnownKeys), or the reference in deploy/CONFIG.md is wrong.
+    const std::vector<std::string> listed = KnownKeysIn(path_);
+    std::set<std::string> read(known.begin(), known.end());
+    read.insert(used_.begin(), used_.end());
+    if (read != std::set<std::string>(listed.begin(), listed.end())) {
+      std::string names;
+      for (const std::string& name : read) names += (names.empty() ? "" : ", ") + name;
+      return InternalError("config parser reads keys [" + names + "] in " +
+                           (path_.empty() ? std::string("the top level") : "[" + path_ + "]") +
+                           ", which differ from kKnownKeys in lib/gateway/config.cc; add the "
+                           "key there and to deploy/CONFIG.md");
+    }
     for (auto&& [k, v] : table_) {
       if (used_.count(std::string(k.str())) != 0) continue;
       std::string list;
@@ -684,6 +749,10 @@ StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& fi
                                                  "peers", "link", "policy", "allreduce",
                                                  "metrics"}));
   return c;
+}
+
+std::vector<std::string> KnownConfigKeys() {
+  return std::vector<std::string>(std::begin(kKnownKeys), std::end(kKnownKeys));
 }
 
 StatusOr<GatewayConfig> LoadConfig(const std::string& file) {

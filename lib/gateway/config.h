@@ -135,6 +135,12 @@ StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& fi
 // Reads `file` and parses it; kNotFound / kPermissionDenied naming the file if it cannot be read.
 StatusOr<GatewayConfig> LoadConfig(const std::string& file);
 
+// Every key ParseConfig accepts, dotted ("link.streams"), with the names an operator chooses
+// as placeholders: "peers.<region>.shard_<index>", "allreduce.shard_weights.<region>". The
+// parser's unknown-key checks are held to this list, and deploy/CONFIG.md documents exactly
+// these keys (tests/deploy/config_reference_test.cc). Thread-safe; does not block.
+std::vector<std::string> KnownConfigKeys();
+
 }  // namespace strait::gateway
 
 #endif  // STRAIT_LIB_GATEWAY_CONFIG_H_
