@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release -j"$(nproc)" --target strait-bench straitd
+cmake --build --preset release -j"$(nproc)" --target strait-bench straitd strait-wanem
 echo
 echo "== strait-bench codec (single thread, gradient-like data) =="
 build/release/bench/strait-bench codec --size 16MiB "$@"
