@@ -120,7 +120,8 @@ struct AllReduceStats {
   // Where the time went, summed over the operation's two threads (so they may add up to more
   // than the wall time): codec work (encoding inputs, partials and results; decoding frames into
   // the accumulator, own input added; decoding results), waiting for frames from the transport,
-  // and, once done, waiting for the last sends to be acknowledged.
+  // and, once done, checking the sends for a failure (it no longer waits for their acks, so
+  // ack_wait_ns stays near 0; see AllReduce's end).
   int64_t encode_ns = 0;
   int64_t reduce_ns = 0;
   int64_t decode_ns = 0;
