@@ -131,7 +131,6 @@ class SendBook {
   void CloseSeqWindow();
   // The acknowledged bytes of the oldest closed window, which is forgotten; 0 when none.
   uint64_t PopSeqWindow();
-  void ClearSeqWindows() { windows_.clear(); }
 
  private:
   void Acked(std::map<uint64_t, OutChunk>::iterator it, uint64_t* acked_bytes,

@@ -60,6 +60,28 @@ TEST(SendBook, ZeroByteMessageIsOneEmptyChunk) {
   EXPECT_TRUE(done[0].ok());
 }
 
+TEST(SendBook, SeqWindowsCountOnlyChunksCutInsideThemHoweverLateTheirAcks) {
+  SendBook book;
+  std::vector<Status> done;
+  book.Enqueue(0, Pattern(1000, 1), INT64_MAX, Record(&done));
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);  // seq 0, cut before the window
+  book.OpenSeqWindow();
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);  // seq 1
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);  // seq 2
+  book.CloseSeqWindow();
+  book.OpenSeqWindow();                               // the next round
+  ASSERT_NE(book.Next(0, 100, UINT64_MAX), nullptr);  // seq 3, the next round's
+  uint64_t acked = 0;
+  std::vector<Completion> completions;
+  // Seq 0 (before the window) and seq 3 (after it) are acked first; seq 1 and 2 come late.
+  ASSERT_TRUE(book.OnAck(Ack{1, {{3, 4}}}, &acked, &completions).ok());
+  EXPECT_EQ(acked, 200u);
+  ASSERT_TRUE(book.OnAck(Ack{4, {}}, &acked, &completions).ok());
+  EXPECT_EQ(acked, 200u);
+  EXPECT_EQ(book.PopSeqWindow(), 200u);  // seq 1 and 2 only
+  EXPECT_EQ(book.PopSeqWindow(), 0u);    // the open window is not popped
+}
+
 TEST(SendBook, InflightLimitMakesTheNextStreamTakeWork) {
   SendBook book;
   std::vector<Status> done;
