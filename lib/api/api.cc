@@ -1,0 +1,415 @@
+// The C API's one boundary (strait.h): every exported function checks its arguments, runs the
+// C++ code inside a catch-all, and maps a Status to a strait_result_t through ResultOf (the only
+// mapping). Comm handles are checked against a registry of live comms before they are used, so
+// that a destroyed, foreign or garbage handle is an error, not a crash.
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "api/host_backend.h"
+#include "gateway/config.h"
+#include "gateway/policy.h"
+#include "strait/status.h"
+#include "strait/strait.h"
+#include "strait/types.h"
+
+#define STRAIT_API_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The comm behind a strait_comm_t.
+struct strait_comm {
+  std::unique_ptr<strait::api::HostComm> host;
+};
+
+namespace strait::api {
+namespace {
+
+constexpr size_t kMaxTensorKeyBytes = 200;
+
+thread_local std::string t_last_error;
+
+std::mutex g_comms_mu;
+std::set<const strait_comm*>& LiveComms() {
+  static auto* comms = new std::set<const strait_comm*>();  // never destroyed: used at exit
+  return *comms;
+}
+
+// The one mapping from Status codes to C result codes.
+strait_result_t ResultOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return STRAIT_SUCCESS;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return STRAIT_ERROR_INVALID_ARGUMENT;
+    case StatusCode::kUnimplemented: return STRAIT_ERROR_UNSUPPORTED;
+    case StatusCode::kUnavailable:
+    case StatusCode::kNotFound:
+    case StatusCode::kCancelled: return STRAIT_ERROR_UNAVAILABLE;
+    case StatusCode::kDeadlineExceeded: return STRAIT_ERROR_TIMEOUT;
+    case StatusCode::kAborted: return STRAIT_ERROR_ABORTED;
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists: return STRAIT_ERROR_MISMATCH;
+    case StatusCode::kPermissionDenied: return STRAIT_ERROR_PERMISSION_DENIED;
+    case StatusCode::kDataLoss: return STRAIT_ERROR_DATA_LOSS;
+    case StatusCode::kResourceExhausted: return STRAIT_ERROR_RESOURCE_EXHAUSTED;
+    case StatusCode::kUnknown:
+    case StatusCode::kInternal: return STRAIT_ERROR_INTERNAL;
+  }
+  return STRAIT_ERROR_INTERNAL;
+}
+
+strait_result_t Fail(strait_result_t result, std::string message) {
+  t_last_error = std::move(message);
+  return result;
+}
+
+strait_result_t Report(const Status& s) {
+  if (s.ok()) return STRAIT_SUCCESS;
+  return Fail(ResultOf(s.code()), s.message());
+}
+
+strait_result_t BadArgument(const std::string& function, const std::string& message) {
+  return Fail(STRAIT_ERROR_INVALID_ARGUMENT, function + ": " + message);
+}
+
+// Runs `body` (returning strait_result_t) with every exception mapped to a result.
+template <typename F>
+strait_result_t Guard(const char* function, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(STRAIT_ERROR_RESOURCE_EXHAUSTED, std::string(function) + ": out of memory");
+  } catch (const std::exception& e) {
+    return Fail(STRAIT_ERROR_INTERNAL,
+                std::string(function) + ": internal error: " + e.what() + " (please report this)");
+  } catch (...) {
+    return Fail(STRAIT_ERROR_INTERNAL,
+                std::string(function) + ": internal error: unknown exception (please report this)");
+  }
+}
+
+bool IsLive(const strait_comm* comm) {
+  std::lock_guard<std::mutex> lock(g_comms_mu);
+  return LiveComms().count(comm) != 0;
+}
+
+// A string argument, or the environment variable when it is NULL; nullopt when both are unset.
+std::optional<std::string> ArgOrEnv(const char* arg, const char* env) {
+  if (arg != nullptr) return std::string(arg);
+  const char* v = std::getenv(env);
+  if (v != nullptr) return std::string(v);
+  return std::nullopt;
+}
+
+bool ValidJobId(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool ValidRegion(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Checks the arguments of strait_comm_init_host and builds the options, or says which argument
+// is wrong (kInvalidArgument).
+StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
+  if (c->struct_size != sizeof(strait_host_config_t)) {
+    return InvalidArgumentError("config->struct_size is " + std::to_string(c->struct_size) +
+                                ", expected " + std::to_string(sizeof(strait_host_config_t)) +
+                                ": initialise the config with strait_host_config_init()");
+  }
+  HostCommOptions o;
+  auto region = ArgOrEnv(c->region, "STRAIT_REGION");
+  if (!region) return InvalidArgumentError("config->region is NULL and STRAIT_REGION is unset");
+  if (!ValidRegion(*region)) {
+    return InvalidArgumentError("config->region '" + *region +
+                                "' is not a region name (1-63 of a-z 0-9 . _ -)");
+  }
+  o.region = *region;
+  if (c->nranks < 1) {
+    return InvalidArgumentError("config->nranks is " + std::to_string(c->nranks) +
+                                "; it must be at least 1 (the ranks in this region)");
+  }
+  if (c->rank < 0 || c->rank >= c->nranks) {
+    return InvalidArgumentError("config->rank " + std::to_string(c->rank) + " is outside 0.." +
+                                std::to_string(c->nranks - 1) + " (config->nranks - 1)");
+  }
+  o.rank = c->rank;
+  o.nranks = c->nranks;
+  // One rank alone has no rendezvous: its root address is not used.
+  if (c->nranks > 1) {
+    if (c->root_address == nullptr) {
+      return InvalidArgumentError("config->root_address is NULL: give rank 0's \"host:port\"");
+    }
+    auto root = gateway::ParseHostPort(c->root_address);
+    if (!root.ok()) {
+      return InvalidArgumentError("config->root_address '" + std::string(c->root_address) +
+                                  "': " + root.status().message());
+    }
+    o.root_host = root->host;
+    o.root_port = root->port;
+  }
+  auto gw = ArgOrEnv(c->gateway, "STRAIT_GATEWAY");
+  if (!gw) return InvalidArgumentError("config->gateway is NULL and STRAIT_GATEWAY is unset");
+  if (gw->empty() || (*gw)[0] != '/' || gw->size() > 107) {
+    return InvalidArgumentError("config->gateway '" + *gw +
+                                "' is not the absolute path of a straitd socket (at most 107 "
+                                "bytes)");
+  }
+  o.gateway = *gw;
+  auto job = ArgOrEnv(c->job_id, "STRAIT_JOB_ID");
+  if (!job) return InvalidArgumentError("config->job_id is NULL and STRAIT_JOB_ID is unset");
+  if (!ValidJobId(*job)) {
+    return InvalidArgumentError("config->job_id '" + *job +
+                                "' is not a job id (1-64 of letters, digits, - _ .)");
+  }
+  o.job = *job;
+  o.compression = ArgOrEnv(c->compression, "STRAIT_COMPRESSION").value_or("");
+  if (!o.compression.empty()) {
+    auto parsed = gateway::ParsePolicyRequest(o.compression);
+    if (!parsed.ok()) {
+      return InvalidArgumentError("config->compression '" + o.compression +
+                                  "': " + parsed.status().message());
+    }
+  }
+  if (c->timeout_ms <= 0) {
+    return InvalidArgumentError("config->timeout_ms is " + std::to_string(c->timeout_ms) +
+                                "; it must be positive (milliseconds)");
+  }
+  o.timeout_ns = int64_t{c->timeout_ms} * 1'000'000;
+  return o;
+}
+
+strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf, size_t count,
+                              strait_datatype_t dtype, strait_redop_t op, const char* tensor_key,
+                              bool keyed, strait_comm_t comm, CUstream_st* stream) {
+  if (comm == nullptr) return BadArgument(fn, "comm is NULL");
+  if (!IsLive(comm)) {
+    return BadArgument(fn,
+                       "comm is not a live Strait comm (destroyed, or not created by "
+                       "strait_comm_init_*)");
+  }
+  if (stream != nullptr) {
+    return BadArgument(fn,
+                       "stream must be NULL for a host-backend comm (it runs on the calling "
+                       "thread; streams belong to the NCCL backend)");
+  }
+  // Range first: a C caller may pass any int, and 263 must not pass as 263 % 256.
+  const int raw_dtype = static_cast<int>(dtype);
+  const int raw_op = static_cast<int>(op);
+  if (raw_dtype < 0 || raw_dtype > 255 || !IsValidDataType(static_cast<uint8_t>(raw_dtype))) {
+    return BadArgument(fn, "dtype " + std::to_string(static_cast<int>(dtype)) +
+                               " is not a strait_datatype_t (STRAIT_INT8..STRAIT_FLOAT8_E5M2)");
+  }
+  if (raw_op < 0 || raw_op > 255 || !IsValidReduceOp(static_cast<uint8_t>(raw_op))) {
+    return BadArgument(fn, "op " + std::to_string(static_cast<int>(op)) +
+                               " is not a strait_redop_t (STRAIT_SUM..STRAIT_AVG)");
+  }
+  if (Status failed = comm->host->Failure(); !failed.ok()) {
+    return Fail(STRAIT_ERROR_COMM_FAILED,
+                std::string(fn) + ": an earlier all-reduce on this comm failed (" +
+                    failed.message() + "); destroy the comm and create a new one on every rank");
+  }
+  std::string key;
+  if (keyed) {
+    if (tensor_key == nullptr) return BadArgument(fn, "tensor_key is NULL");
+    key = tensor_key;
+    if (key.empty() || key.size() > kMaxTensorKeyBytes) {
+      return BadArgument(fn, "tensor_key must be 1-" + std::to_string(kMaxTensorKeyBytes) +
+                                 " bytes, not " + std::to_string(key.size()));
+    }
+  }
+  const DataType type = static_cast<DataType>(dtype);
+  const size_t elem = DataTypeSize(type);
+  if (count > 0) {
+    if (sendbuf == nullptr)
+      return BadArgument(fn, "sendbuf is NULL for " + std::to_string(count) + " elements");
+    if (recvbuf == nullptr)
+      return BadArgument(fn, "recvbuf is NULL for " + std::to_string(count) + " elements");
+    if (count > SIZE_MAX / elem)
+      return BadArgument(fn, "count " + std::to_string(count) + " overflows the address space");
+    const auto s = reinterpret_cast<uintptr_t>(sendbuf);
+    const auto r = reinterpret_cast<uintptr_t>(recvbuf);
+    const uintptr_t bytes = count * elem;
+    if (s != r && s < r + bytes && r < s + bytes) {
+      return BadArgument(fn,
+                         "sendbuf and recvbuf overlap without being equal (pass the same "
+                         "pointer for an in-place all-reduce)");
+    }
+  }
+  if (!keyed) {
+    key = std::string("allreduce.") + DataTypeName(type) + "x" + std::to_string(count);
+  }
+  return Report(
+      comm->host->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key));
+}
+
+}  // namespace
+}  // namespace strait::api
+
+using strait::api::BadArgument;
+using strait::api::Guard;
+
+STRAIT_API_EXPORT strait_result_t strait_host_config_init(strait_host_config_t* config) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (config == nullptr) return BadArgument(fn, "config is NULL");
+    std::memset(static_cast<void*>(config), 0, sizeof(*config));
+    config->struct_size = sizeof(*config);
+    config->rank = 0;
+    config->nranks = 1;
+    config->timeout_ms = 60000;
+    return STRAIT_SUCCESS;
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_comm_init_host(strait_comm_t* comm,
+                                                        const strait_host_config_t* config) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (comm == nullptr) return BadArgument(fn, "comm is NULL (pass &comm)");
+    *comm = nullptr;
+    if (config == nullptr) return BadArgument(fn, "config is NULL");
+    auto options = strait::api::HostOptions(config);
+    if (!options.ok()) return BadArgument(fn, options.status().message());
+    auto host = strait::api::HostComm::Create(*options);
+    if (!host.ok()) return strait::api::Report(host.status().WithContext(fn));
+    auto c = std::make_unique<strait_comm>();
+    c->host = std::move(host).value();
+    {
+      std::lock_guard<std::mutex> lock(strait::api::g_comms_mu);
+      strait::api::LiveComms().insert(c.get());
+    }
+    *comm = c.release();  // taken back by strait_comm_destroy
+    return STRAIT_SUCCESS;
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_comm_init_nccl(strait_comm_t* comm,
+                                                        struct ncclComm* nccl_comm,
+                                                        const char* region, const char* gateway,
+                                                        const char* job_id,
+                                                        const char* compression) {
+  (void)region;
+  (void)gateway;
+  (void)job_id;
+  (void)compression;
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (comm == nullptr) return BadArgument(fn, "comm is NULL (pass &comm)");
+    *comm = nullptr;
+    if (nccl_comm == nullptr) return BadArgument(fn, "nccl_comm is NULL");
+    return strait::api::Fail(
+        STRAIT_ERROR_UNSUPPORTED,
+        "strait_comm_init_nccl: the NCCL (GPU) backend is not implemented in this release of "
+        "Strait; copy the tensor to host memory and use strait_comm_init_host, or use the NCCL "
+        "plugin (NCCL_NET_PLUGIN=strait)");
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                                   strait_datatype_t dtype, strait_redop_t op,
+                                                   strait_comm_t comm, struct CUstream_st* stream) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    return strait::api::AllReduceImpl(fn, sendbuf, recvbuf, count, dtype, op, nullptr, false, comm,
+                                      stream);
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_allreduce_keyed(const void* sendbuf, void* recvbuf,
+                                                         size_t count, strait_datatype_t dtype,
+                                                         strait_redop_t op, const char* tensor_key,
+                                                         strait_comm_t comm,
+                                                         struct CUstream_st* stream) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    return strait::api::AllReduceImpl(fn, sendbuf, recvbuf, count, dtype, op, tensor_key, true,
+                                      comm, stream);
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_comm_rank(strait_comm_t comm, int* rank, int* nranks) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (comm == nullptr) return BadArgument(fn, "comm is NULL");
+    if (rank == nullptr && nranks == nullptr) {
+      return BadArgument(fn, "rank and nranks are both NULL");
+    }
+    if (!strait::api::IsLive(comm)) {
+      return BadArgument(fn,
+                         "comm is not a live Strait comm (destroyed, or not created "
+                         "by strait_comm_init_*)");
+    }
+    if (rank != nullptr) *rank = comm->host->rank();
+    if (nranks != nullptr) *nranks = comm->host->nranks();
+    return STRAIT_SUCCESS;
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_comm_destroy(strait_comm_t comm) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (comm == nullptr) return BadArgument(fn, "comm is NULL");
+    {
+      std::lock_guard<std::mutex> lock(strait::api::g_comms_mu);
+      if (strait::api::LiveComms().erase(comm) == 0) {
+        return BadArgument(fn,
+                           "comm is not a live Strait comm (destroyed twice, or not "
+                           "created by strait_comm_init_*)");
+      }
+    }
+    std::unique_ptr<strait_comm> owned(comm);  // released by strait_comm_init_host
+    return STRAIT_SUCCESS;
+  });
+}
+
+STRAIT_API_EXPORT strait_result_t strait_version(int* major, int* minor, int* patch) {
+  const char* const fn = __func__;
+  return Guard(fn, [&] {
+    if (major == nullptr && minor == nullptr && patch == nullptr) {
+      return BadArgument(fn, "major, minor and patch are all NULL");
+    }
+    if (major != nullptr) *major = STRAIT_VERSION_MAJOR;
+    if (minor != nullptr) *minor = STRAIT_VERSION_MINOR;
+    if (patch != nullptr) *patch = STRAIT_VERSION_PATCH;
+    return STRAIT_SUCCESS;
+  });
+}
+
+STRAIT_API_EXPORT const char* strait_last_error(void) {
+  return strait::api::t_last_error.c_str();
+}
+
+STRAIT_API_EXPORT const char* strait_result_string(strait_result_t result) {
+  switch (result) {
+    case STRAIT_SUCCESS: return "STRAIT_SUCCESS";
+    case STRAIT_ERROR_INVALID_ARGUMENT: return "STRAIT_ERROR_INVALID_ARGUMENT";
+    case STRAIT_ERROR_UNSUPPORTED: return "STRAIT_ERROR_UNSUPPORTED";
+    case STRAIT_ERROR_UNAVAILABLE: return "STRAIT_ERROR_UNAVAILABLE";
+    case STRAIT_ERROR_TIMEOUT: return "STRAIT_ERROR_TIMEOUT";
+    case STRAIT_ERROR_ABORTED: return "STRAIT_ERROR_ABORTED";
+    case STRAIT_ERROR_MISMATCH: return "STRAIT_ERROR_MISMATCH";
+    case STRAIT_ERROR_PERMISSION_DENIED: return "STRAIT_ERROR_PERMISSION_DENIED";
+    case STRAIT_ERROR_DATA_LOSS: return "STRAIT_ERROR_DATA_LOSS";
+    case STRAIT_ERROR_RESOURCE_EXHAUSTED: return "STRAIT_ERROR_RESOURCE_EXHAUSTED";
+    case STRAIT_ERROR_COMM_FAILED: return "STRAIT_ERROR_COMM_FAILED";
+    case STRAIT_ERROR_INTERNAL: return "STRAIT_ERROR_INTERNAL";
+  }
+  return "unknown";
+}

@@ -1,0 +1,114 @@
+// The host backend of library mode (strait.h): one comm per rank process, CPU buffers.
+//
+// A region runs m ranks (the same m in every region); rank r's local straitd holds shard index
+// r. An all-reduce of `count` elements runs three phases on every rank:
+//   1. Intra-region reduce-scatter over the region's links (net::Endpoint links, plain TCP, one
+//      collective::NetTransport): the tensor is cut into m shards as evenly as possible
+//      (collective::RegionShards: the first count % m shards get one element more); every rank
+//      sends its part of shard j to rank j, raw; rank r reduces shard r over ranks 0..m-1 in that
+//      fixed order: in fp32 for sum/avg of float32/bfloat16/float16 (rounded once to the element
+//      type; avg divides by m first), exactly in the element type otherwise.
+//   2. Cross-region: rank r all-reduces its shard through its straitd (gateway::Client, the
+//      kAllReduce request) under the job's policy, with tensor key
+//      collective::RegionShardKey(key, r, m) (the key the CollNet region all-reduce uses, so that
+//      error-feedback residuals are per shard). A shard beyond kMaxCrossBytes goes as several
+//      requests, keys suffixed ":part<k>". Empty shards (count < m) skip this phase on every
+//      rank alike. The gateway's result is bit-identical in every region.
+//   3. Intra-region all-gather: rank r sends its finished shard, raw, to every other rank.
+// avg of a non-float type: phase 1 sums, the gateway averages over regions, and phase 3 divides
+// by m first (integers truncate twice, which equals truncating once: trunc(trunc(x/n)/m) =
+// trunc(x/(n m))).
+//
+// Intra-region messages (tags MakeTag(op id, kMeshScatter / kMeshGather, chunk id) of a mesh plan
+// over the region) start with a 16-byte header, as the gateways' region phase does:
+//   off size field (little-endian)
+//     0    1 version (kHostMessageVersion = 1)
+//     1    1 kind: 0 = reduce-scatter part, 1 = all-gather result (explicit, never renumbered)
+//     2    1 dtype
+//     3    1 op
+//     4    4 reserved, zero
+//     8    8 the whole tensor's element count
+//    16    . the chunk's elements, raw
+// A message whose dtype, op or count differ from this rank's call fails the operation with
+// kFailedPrecondition naming both (the ranks did not issue the same all-reduces).
+//
+// Failure: every wait ends by the operation's deadline; a rank that fails aborts the operation
+// on the region transport (its peers stop at once, naming it). A failed operation fails the
+// comm: later calls return kFailedPrecondition with the first reason (the ranks' numbering of
+// operations may no longer agree). Threads: calls are serialised by a mutex; each blocks the
+// calling thread until done. Links and the gateway connection live as long as the comm.
+#ifndef STRAIT_LIB_API_HOST_BACKEND_H_
+#define STRAIT_LIB_API_HOST_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strait/status.h"
+#include "strait/types.h"
+
+namespace strait::api {
+
+inline constexpr uint8_t kHostMessageVersion = 1;
+inline constexpr size_t kHostMessageHeaderSize = 16;
+// Phase 2 sends a shard in requests of at most this many bytes (the local protocol's frames are
+// limited to 256 MiB).
+inline constexpr size_t kMaxCrossBytes = size_t{64} << 20;
+// Elements per intra-region chunk: chunks of about this many bytes pipeline the LAN phases.
+inline constexpr size_t kRegionChunkBytes = size_t{4} << 20;
+
+struct HostCommOptions {
+  std::string region;
+  int rank = 0;
+  int nranks = 1;
+  std::string root_host;  // numeric
+  uint16_t root_port = 0;
+  std::string gateway;  // straitd socket path
+  std::string job;
+  std::string compression;  // policy text ("" = the gateway's default)
+  int64_t timeout_ns = int64_t{60'000'000'000};
+};
+
+class HostComm {
+ public:
+  // Connects to the gateway and registers the job, runs the region rendezvous and brings up the
+  // links to every other rank. Blocks until done or options.timeout_ns passed.
+  static StatusOr<std::unique_ptr<HostComm>> Create(const HostCommOptions& options);
+  ~HostComm();
+  HostComm(const HostComm&) = delete;
+  HostComm& operator=(const HostComm&) = delete;
+
+  // See the file comment. `send` may equal `recv`; count 0 returns at once. `tensor_key` names
+  // the tensor at the gateway. Blocks; thread-safe (serialised).
+  Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                   const std::string& tensor_key);
+
+  // The first failure of an all-reduce on this comm (OK while none failed). Thread-safe.
+  Status Failure();
+
+  int rank() const { return options_.rank; }
+  int nranks() const { return options_.nranks; }
+  // The policy the gateway resolved for the job, e.g. "int8+ef (...)".
+  const std::string& policy() const { return policy_; }
+
+  struct Impl;
+
+ private:
+  explicit HostComm(HostCommOptions options);
+  Status RunAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                      const std::string& tensor_key);
+
+  const HostCommOptions options_;
+  std::string policy_;
+  std::unique_ptr<Impl> impl_;
+  std::mutex mu_;
+  uint64_t next_op_ = 1;
+  Status failed_;  // the first failure; set once
+};
+
+}  // namespace strait::api
+
+#endif  // STRAIT_LIB_API_HOST_BACKEND_H_
