@@ -20,6 +20,12 @@ if(NOT STRAIT_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc (3.26 does) and CUDA sources take their dialect from
+    # CXX_STANDARD (20), so say it; nvcc has accepted -std=c++20 since CUDA 12.0.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(STRAIT_HAVE_CUDA ON)
     message(STATUS "Strait: CUDA ${CMAKE_CUDA_COMPILER_VERSION} found; GPU kernels enabled "
                    "(${CMAKE_CUDA_ARCHITECTURES})")
