@@ -4,7 +4,7 @@
 //
 // The CollNet tables (v11, v10, v8) adapt to collnet.h the same way; they share init, devices,
 // getProperties and finalize with the net tables, so NCCL sees the same device list under the
-// same names (it merges CollNet and net devices by name). The tuner is not exported yet.
+// same names (it merges CollNet and net devices by name). The tuner table is in tuner_interface.cc.
 // makeVDevice is NULL (one device; NCCL then does not merge devices).
 #include <cstring>
 #include <mutex>

@@ -895,6 +895,9 @@ class RecvComm final : public Comm {
 // ---------------------------------------------------------------------------------------------
 // Listening side.
 
+// Wakes Transport::Listen when a pre-opened listener changes state (defined with the pool below).
+void NotifyListenPool();
+
 class ListenComm final : public Comm {
  public:
   explicit ListenComm(uint64_t nonce) : Comm(Kind::kListen, 0), nonce_(nonce) {}
@@ -913,8 +916,13 @@ class ListenComm final : public Comm {
     int len = sizeof(*bound);
     rc = uv_tcp_getsockname(&server_, reinterpret_cast<sockaddr*>(bound), &len);
     if (rc != 0) return UnavailableError("getsockname: " + UvError(rc));
+    bound_ = *bound;
     return Status::Ok();
   }
+
+  uint64_t nonce() const { return nonce_; }
+  // The TCP listener's address (set by Open before the listener is handed out).
+  const sockaddr_storage& bound() const { return bound_; }
 
   RecvComm* PopReady() {
     std::lock_guard<std::mutex> lock(ready_mu_);
@@ -935,17 +943,40 @@ class ListenComm final : public Comm {
     gateway_ = path;
     gw_ = DialGateway(path, EncodeTunnelListen());
   }
-  // NCCL side: waits (up to `timeout_ns`) for the gateway's answer to the tunnel listen.
-  StatusOr<TunnelInfo> WaitTunnel(int64_t timeout_ns) {
-    std::unique_lock<std::mutex> lock(tunnel_mu_);
-    if (!tunnel_cv_.wait_for(lock, std::chrono::nanoseconds(timeout_ns),
-                             [&] { return tunnel_state_ != kTunnelOpening; })) {
-      return DeadlineExceededError("the local gateway at " + gateway_ + " did not answer a tunnel "
-                                   "listen within " + FormatDuration(timeout_ns) +
-                                   ": is straitd there healthy?");
+  // Pre-opened listeners (see the pool below). Any thread.
+  enum class PoolState { kOpening, kReady, kFailed };
+  PoolState pool_state() {
+    std::lock_guard<std::mutex> lock(tunnel_mu_);
+    return tunnel_state_ == kTunnelOpening     ? PoolState::kOpening
+           : tunnel_state_ == kTunnelListening ? PoolState::kReady
+                                               : PoolState::kFailed;
+  }
+  // Takes a pooled listener whose tunnel listen is up: true (and its tunnel) once, false if it
+  // is not ready. From then on a lost gateway connection is WARNed (NCCL holds the listener).
+  bool Claim(TunnelInfo* info) {
+    std::lock_guard<std::mutex> lock(tunnel_mu_);
+    if (tunnel_state_ != kTunnelListening || !pooled_) return false;
+    pooled_ = false;
+    *info = tunnel_;
+    return true;
+  }
+  Status tunnel_error() {
+    std::lock_guard<std::mutex> lock(tunnel_mu_);
+    return tunnel_error_;
+  }
+  // Loop side, before StartTunnel: the listener waits in the pool until Claim.
+  void MarkPooled() {
+    std::lock_guard<std::mutex> lock(tunnel_mu_);
+    pooled_ = true;
+  }
+  // Loop side: the listener could not be opened at all.
+  void FailTunnel(const Status& why) {
+    {
+      std::lock_guard<std::mutex> lock(tunnel_mu_);
+      tunnel_error_ = why;
+      tunnel_state_ = kTunnelFailed;
     }
-    if (tunnel_state_ == kTunnelFailed) return tunnel_error_;
-    return tunnel_;
+    NotifyListenPool();
   }
 
   void OnGatewayFrame(Socket* s, const std::vector<unsigned char>& body) override {
@@ -967,12 +998,14 @@ class ListenComm final : public Comm {
       return;
     }
     if (event->kind == 1) {
-      std::lock_guard<std::mutex> lock(tunnel_mu_);
-      tunnel_.listen_id = event->id;
-      tunnel_.shard = event->shard;
-      tunnel_.region = event->region;
-      tunnel_state_ = kTunnelListening;
-      tunnel_cv_.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(tunnel_mu_);
+        tunnel_.listen_id = event->id;
+        tunnel_.shard = event->shard;
+        tunnel_.region = event->region;
+        tunnel_state_ = kTunnelListening;
+      }
+      NotifyListenPool();
       return;
     }
     // An incoming tunnel: accept it on a connection of its own (NCCL's accept() picks it up).
@@ -994,18 +1027,21 @@ class ListenComm final : public Comm {
 
   void OnGatewayLost(Socket* s, const Status& why) override {
     bool opening = false;
+    bool pooled = false;
     {
       std::lock_guard<std::mutex> lock(tunnel_mu_);
       opening = tunnel_state_ == kTunnelOpening;
-      if (opening) {
+      pooled = pooled_;
+      // Still in the pool (nobody published its handle): it just becomes unusable.
+      if (opening || pooled) {
         tunnel_error_ = why;
         tunnel_state_ = kTunnelFailed;
-        tunnel_cv_.notify_all();
       }
     }
+    NotifyListenPool();
     // Listening already: direct connections still work, cross-region connects to this rank
     // are refused by the gateways from now on.
-    if (!opening && !closing_) {
+    if (!opening && !pooled && !closing_) {
       Transport::Get().Log(LogKind::kWarn,
                            why.message() + "; the tunnel listen ended: ranks in other regions "
                                            "can no longer connect to this listener");
@@ -1128,15 +1164,152 @@ class ListenComm final : public Comm {
   Socket* gw_ = nullptr;  // the tunnel listen connection (loop side)
   std::unordered_set<RecvComm*> accepting_;
   std::mutex tunnel_mu_;
-  std::condition_variable tunnel_cv_;
   int tunnel_state_ = kTunnelOpening;
+  bool pooled_ = false;  // waiting in the pool: not yet handed to NCCL
   Status tunnel_error_;
   TunnelInfo tunnel_;
+  sockaddr_storage bound_{};
   uv_tcp_t server_{};
   std::map<uint64_t, std::vector<Socket*>> partial_;  // connection id -> sockets by index
   std::mutex ready_mu_;
   std::deque<RecvComm*> ready_;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Pre-opened listeners: why listen() does not wait for straitd.
+//
+// NCCL calls listen() on its own thread and needs the handle filled before the call returns, and
+// a cross-region handle must carry the listen id that only the gateway hands out (in its answer
+// to a tunnel listen). Instead of asking the gateway inside listen(), the loop keeps
+// kListenPoolSize listeners opened ahead: each has its TCP listener bound and its tunnel listen
+// answered. listen() takes a ready one (no round trip: its handle is filled from what the plugin
+// already holds) and the loop opens a replacement in the background. listen() waits only when no
+// pre-opened listener is ready (the first listen right after init, a burst of listens faster
+// than the local gateway answers, or an unhealthy gateway), and then for kGatewayListenWaitNs at
+// most; a gateway that is not there at all fails it at once.
+
+namespace {
+
+constexpr size_t kListenPoolSize = 4;
+
+struct ListenPool {
+  std::mutex mu;
+  std::condition_variable cv;  // a pooled listener changed state, or the pool was refilled
+  bool active = false;         // the loop runs with a gateway; false once finalize closes the pool
+  std::string gateway;
+  sockaddr_storage addr{};
+  std::deque<ListenComm*> entries;  // not registered: NCCL has not seen them
+};
+
+ListenPool& Pool() {
+  static ListenPool* pool = new ListenPool();  // never destroyed, like the transport
+  return *pool;
+}
+
+}  // namespace
+
+void NotifyListenPool() {
+  std::lock_guard<std::mutex> lock(Pool().mu);
+  Pool().cv.notify_all();
+}
+
+namespace {
+
+// Loop side: opens listeners until kListenPoolSize are opening or ready.
+void FillListenPool() {
+  ListenPool& pool = Pool();
+  std::string gateway;
+  sockaddr_storage addr{};
+  size_t live = 0;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (!pool.active) return;
+    gateway = pool.gateway;
+    addr = pool.addr;
+    for (ListenComm* e : pool.entries) {
+      if (e->pool_state() != ListenComm::PoolState::kFailed) ++live;
+    }
+  }
+  std::vector<ListenComm*> fresh;
+  for (size_t i = live; i < kListenPoolSize; ++i) {
+    auto comm = std::make_unique<ListenComm>(RandomId());
+    comm->MarkPooled();
+    sockaddr_storage bound{};
+    const Status st = comm->Open(addr, &bound);
+    if (st.ok()) {
+      comm->StartTunnel(gateway);
+    } else {
+      comm->FailTunnel(st);
+    }
+    fresh.push_back(comm.release());
+  }
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.entries.insert(pool.entries.end(), fresh.begin(), fresh.end());
+  pool.cv.notify_all();
+}
+
+// NCCL side: a ready listener out of the pool, waiting up to `wait_ns` when none is ready yet.
+StatusOr<std::pair<ListenComm*, ListenComm::TunnelInfo>> TakeFromListenPool(int64_t wait_ns) {
+  ListenPool& pool = Pool();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns);
+  bool refilled = false;
+  Status last_error;
+  std::unique_lock<std::mutex> lock(pool.mu);
+  for (;;) {
+    bool opening = false;
+    for (auto it = pool.entries.begin(); it != pool.entries.end();) {
+      ListenComm* e = *it;
+      ListenComm::TunnelInfo info;
+      if (e->Claim(&info)) {
+        pool.entries.erase(it);
+        lock.unlock();
+        Loop().Post(FillListenPool);
+        return std::make_pair(e, info);
+      }
+      if (e->pool_state() == ListenComm::PoolState::kFailed) {
+        last_error = e->tunnel_error();
+        it = pool.entries.erase(it);
+        Loop().Post([e] { e->BeginClose(); });
+        continue;
+      }
+      opening = true;
+      ++it;
+    }
+    if (!opening) {
+      if (refilled || !pool.active) {
+        if (!last_error.ok()) return last_error;
+        return FailedPreconditionError("no listener could be opened: the plugin is finalizing");
+      }
+      // Every pre-opened listener failed (straitd was down, or restarted since): try afresh
+      // once, so a gateway that is back now is used; one that is still down fails at once.
+      lock.unlock();
+      Loop().RunSync(FillListenPool);
+      lock.lock();
+      refilled = true;
+      continue;
+    }
+    if (pool.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return DeadlineExceededError(
+          "the local gateway at " + pool.gateway + " did not answer a tunnel listen within " +
+          FormatDuration(wait_ns) +
+          ": is straitd there healthy? (listen runs on NCCL's thread and waits no longer)");
+    }
+  }
+}
+
+// Loop side (the last finalize): closes every pre-opened listener.
+void CloseListenPool() {
+  std::deque<ListenComm*> entries;
+  {
+    std::lock_guard<std::mutex> lock(Pool().mu);
+    Pool().active = false;
+    entries.swap(Pool().entries);
+    Pool().cv.notify_all();
+  }
+  for (ListenComm* e : entries) e->BeginClose();
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Sending side.
@@ -1549,6 +1722,17 @@ Status Transport::Init(const EnvGetter& env, LogFn log) {
     config_ = std::move(config);
     iface_ = std::move(iface);
     own_region_ = std::move(region);
+    if (!config_.gateway.empty()) {
+      {
+        std::lock_guard<std::mutex> pool_lock(Pool().mu);
+        Pool().active = true;
+        Pool().gateway = config_.gateway;
+        Pool().addr = iface_.addr;
+      }
+      // Listeners opened ahead, so listen() finds one ready (see the pool above). A gateway that
+      // is not up yet is no error here: listen() retries it.
+      Loop().Post(FillListenPool);
+    }
     Log(LogKind::kInfo, "using interface " + iface_.name + " (" + AddressToString(iface_.addr) +
                             "), region " + (own_region_.empty() ? "<unset>" : own_region_) + ", " +
                             std::to_string(config_.nsocks) +
@@ -1573,6 +1757,7 @@ void Transport::Finalize() {
     std::lock_guard<std::mutex> reg_lock(Reg().mu);
     if (!Reg().comms.empty() || !Reg().connecting.empty()) return;
   }
+  Loop().RunSync(CloseListenPool);
   Loop().Stop();
 }
 
@@ -1613,39 +1798,49 @@ StatusOr<void*> Transport::Listen(int dev, void* handle) {
   if (dev != 0)
     return InvalidArgumentError("listen on device " + std::to_string(dev) + "; allowed: 0");
   ListenHandle h;
-  h.nonce = RandomId();
   h.region = own_region_;
-  auto comm = std::make_unique<ListenComm>(h.nonce);
-  Status st;
-  ListenComm* raw = comm.get();
-  Loop().RunSync([&] { st = raw->Open(iface_.addr, &h.addr); });
-  if (st.ok() && !config_.gateway.empty()) {
-    const std::string path = config_.gateway;
-    Loop().RunSync([&] { raw->StartTunnel(path); });
-    StatusOr<ListenComm::TunnelInfo> tunnel =
-        raw->WaitTunnel(std::min(config_.connect_timeout_ns, kGatewayListenTimeoutNs));
-    if (!tunnel.ok()) {
-      st = tunnel.status().WithContext("listen (STRAIT_GATEWAY=" + path + ")");
-    } else if (!own_region_.empty() && tunnel->region != own_region_) {
-      st = InvalidArgumentError("this rank's region is " + own_region_ + " but the gateway at " +
-                                path + " (STRAIT_GATEWAY) serves region " + tunnel->region +
-                                ": set STRAIT_REGION to the region of the rank's own straitd");
-    } else if (tunnel->region.empty() || tunnel->region.size() > 63) {
-      st = InvalidArgumentError("the gateway at " + path + " reports region \"" + tunnel->region +
-                                "\", which does not fit a listen handle (1-63 bytes)");
-    } else {
-      h.region = tunnel->region;
-      h.tunnel = true;
-      h.gateway_shard = tunnel->shard;
-      h.listen_id = tunnel->listen_id;
+  if (config_.gateway.empty()) {
+    h.nonce = RandomId();
+    auto comm = std::make_unique<ListenComm>(h.nonce);
+    Status st;
+    ListenComm* raw = comm.get();
+    Loop().RunSync([&] { st = raw->Open(iface_.addr, &h.addr); });
+    if (st.ok()) st = EncodeHandle(h, handle);
+    if (!st.ok()) {
+      Loop().RunSync([&] { comm.release()->BeginClose(); });
+      return st;
     }
+    return Register(comm.release());
   }
-  if (st.ok()) st = EncodeHandle(h, handle);
+  // Cross-region capable: a pre-opened listener (the pool above), so no gateway round trip here.
+  const std::string& path = config_.gateway;
+  StatusOr<std::pair<ListenComm*, ListenComm::TunnelInfo>> taken =
+      TakeFromListenPool(std::min(config_.connect_timeout_ns, kGatewayListenWaitNs));
+  if (!taken.ok()) return taken.status().WithContext("listen (STRAIT_GATEWAY=" + path + ")");
+  ListenComm* raw = taken->first;
+  const ListenComm::TunnelInfo& tunnel = taken->second;
+  Status st;
+  if (!own_region_.empty() && tunnel.region != own_region_) {
+    st = InvalidArgumentError("this rank's region is " + own_region_ + " but the gateway at " +
+                              path + " (STRAIT_GATEWAY) serves region " + tunnel.region +
+                              ": set STRAIT_REGION to the region of the rank's own straitd");
+  } else if (tunnel.region.empty() || tunnel.region.size() > 63) {
+    st = InvalidArgumentError("the gateway at " + path + " reports region \"" + tunnel.region +
+                              "\", which does not fit a listen handle (1-63 bytes)");
+  } else {
+    h.nonce = raw->nonce();
+    h.addr = raw->bound();
+    h.region = tunnel.region;
+    h.tunnel = true;
+    h.gateway_shard = tunnel.shard;
+    h.listen_id = tunnel.listen_id;
+    st = EncodeHandle(h, handle);
+  }
   if (!st.ok()) {
-    Loop().RunSync([&] { comm.release()->BeginClose(); });
+    Loop().Post([raw] { raw->BeginClose(); });
     return st;
   }
-  return Register(comm.release());
+  return Register(raw);
 }
 
 StatusOr<void*> Transport::Connect(int dev, void* handle) {

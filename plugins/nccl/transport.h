@@ -5,8 +5,8 @@
 // Cross-region (STRAIT_GATEWAY set, the peer's handle names another region): a connection is one
 // tunnel of the local straitd (lib/gateway/local_protocol.h, "Tunnels"), opened on a Unix
 // connection of its own that the loop drives; the same chunks travel as kTunnelData frames and
-// are matched by the same rules. listen() also opens a tunnel listen on the gateway and publishes
-// its region, shard and listen id in the handle.
+// are matched by the same rules. listen() also publishes the region, shard and listen id of a
+// tunnel listen on the gateway in the handle (one opened ahead: see Listen below).
 //
 // Point-to-point inside a region: a connection is `nsocks` TCP sockets from the sender to the
 // receiver, all owned by the plugin's libuv thread (event_loop.h). A send is cut into chunks that
@@ -44,9 +44,9 @@ constexpr size_t kChunkBytes = 512 * 1024;
 // pipelines (reads, encodes and sends one while the next arrives) and every message fits its
 // frame limit whatever the message size.
 constexpr size_t kTunnelChunkBytes = 2 * 1024 * 1024;
-// How long listen() waits for the local gateway to answer a tunnel listen (at most; less when
-// STRAIT_CONNECT_TIMEOUT is shorter).
-constexpr int64_t kGatewayListenTimeoutNs = int64_t{10} * 1000 * 1000 * 1000;
+// How long listen() waits for a pre-opened tunnel listener when none is ready (at most; less when
+// STRAIT_CONNECT_TIMEOUT is shorter). Normally none is waited for: see Listen below.
+constexpr int64_t kGatewayListenWaitNs = int64_t{2} * 1000 * 1000 * 1000;
 
 // What getProperties reports, version-independent.
 struct DeviceProperties {
@@ -81,9 +81,14 @@ class Transport {
   // checks that it is a live object of the expected kind (never dereferencing an unknown comm)
   // and returns InvalidArgument otherwise.
 
-  // Fills the 128-byte `handle` and returns a listen comm. With STRAIT_GATEWAY set it waits for
-  // the local gateway to answer a tunnel listen (a local round trip; kGatewayListenTimeoutNs at
-  // most) and fails when the gateway does not answer or serves another region.
+  // Fills the 128-byte `handle` and returns a listen comm. Without STRAIT_GATEWAY it binds a TCP
+  // listener on the loop (no network wait). With STRAIT_GATEWAY the handle must carry a listen
+  // id that only the gateway hands out, so the loop keeps a few listeners opened ahead, each
+  // with its tunnel listen already answered (init starts them, every listen() starts a
+  // replacement): listen() takes a ready one without any gateway round trip. Only when none is
+  // ready does it wait, kGatewayListenWaitNs at most (a DeadlineExceeded naming the gateway);
+  // a gateway that is not there fails it at once (Unavailable), after one fresh attempt so a
+  // straitd started after init is found. It also fails when the gateway serves another region.
   StatusOr<void*> Listen(int dev, void* handle);
   // Non-blocking: returns nullptr while the connection is being set up (call again with the
   // same handle buffer). A peer in another region is reached through the local gateway's tunnel;
