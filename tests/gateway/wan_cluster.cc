@@ -121,9 +121,13 @@ Status WanCluster::WriteConfig(int region, int index) {
          files->key + "\"\n";
   }
   for (int p = 0; p < o.regions; ++p) {
-    if (p == region) continue;
-    t += "[peers." + RegionName(p) + "]\nshard_" + std::to_string(index) + " = \"" +
-         wanem::RegionAddress(p) + ":" + port(index) + "\"\n";
+    if (p == region && !o.full_mesh) continue;
+    t += "[peers." + RegionName(p) + "]\n";
+    for (int i = 0; i < o.ranks_per_region; ++i) {
+      if (i != index && !o.full_mesh) continue;
+      t +=
+          "shard_" + std::to_string(i) + " = \"" + wanem::RegionAddress(p) + ":" + port(i) + "\"\n";
+    }
   }
   t += "[link]\nstreams = 2\nunreachable_after = \"10s\"\n";
   t += "[policy]\n" + o.policy;

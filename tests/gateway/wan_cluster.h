@@ -47,6 +47,10 @@ struct WanClusterOptions {
       "allowed_codecs = [\"none\", \"zstd\", \"int8\", \"int4\", \"fp8\"]\n"
       "max_relative_error = 1.0\nmin_lossy_bytes = \"0B\"\n";
   std::string allreduce_deadline = "20s";
+  // Every daemon lists every daemon of every region, its own region's too (what CollNet's region
+  // all-reduce needs: straitds of one region reduce-scatter among themselves); else each lists
+  // only the daemons of its own index in the other regions.
+  bool full_mesh = false;
 };
 
 class WanCluster {

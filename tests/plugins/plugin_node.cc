@@ -2,17 +2,35 @@
 // its v11 table the way NCCL's proxy thread would, in a ring (send to rank+1, receive from
 // rank-1).
 //
-//   plugin_node PLUGIN.so RANK NRANKS MODE
+//   plugin_node PLUGIN.so RANK NRANKS MODE [BYTES SECONDS WARMUP DEPTH]
 // Protocol with the parent on stdin/stdout: the node prints "HANDLE <hex>" (its listen handle),
 // then reads "PEER <hex>" (the handle of rank+1). MODE:
 //   ring         exchange messages of several sizes, 32 in flight, a grouped receive; verify all
 //   ring-big     ring, with 4 KiB and 64 MiB messages too (the cross-region tests)
+//   ring-wan     ring with sizes for a slow emulated WAN (0, 1, 4097 B, 1 MiB + 13, 3 MiB + 5),
+//                then 32 in flight and the grouped receive as in ring
+//   bench        throughput (bench/plugin_throughput.sh): rank 0 keeps DEPTH (default 4) sends
+//                of BYTES in flight for SECONDS, then sends DEPTH empty messages as the end mark;
+//                rank 1 keeps DEPTH receives posted and prints "GOODPUT <Mbit/s> BYTES <n>
+//                SECONDS <s> MESSAGES <n>" over the messages completed between WARMUP seconds
+//                after its first completion and WARMUP seconds before the sender stops (SECONDS
+//                after that first completion, give or take the first message's time): the
+//                pipeline is full at both ends of that window, so bytes buffered in gateways and
+//                sockets at its start do not count as if they crossed inside it. Both ranks print
+//                "CPU <user+system seconds of the process during the transfer>". The payload is
+//                incompressible (a gateway must not make it look faster by compressing it). With
+//                PLUGIN_NODE_TRACE set, rank 1 also logs "DONE <seconds>" per message on stderr.
 //   close-inflight  start 8 MiB sends and receives, wait for one receive, then close both comms
 //                with the rest in flight (must neither crash nor hang)
 //   crash        connect, then exit at once without closing anything (a rank that dies)
 //   expect-loss  connect, then keep sending until the plugin reports the lost peer
 // After connecting every node prints "CONNECTED <n>", n = connect() calls that said "call again".
 // Exit status 0 means every check passed; failures are explained on stderr.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,13 +95,7 @@ void Wait(void* req, int* sizes, const std::string& what) {
   if (r != ncclSuccess) Die(what + ": test() returned " + std::to_string(r));
 }
 
-void Ring(void* send, void* recv, int prev, bool big) {
-  std::vector<size_t> sizes = {0,        1, 4097, (size_t{1} << 20) + 13, size_t{8} << 20,
-                               size_t{16} << 20};
-  if (big) {
-    sizes.push_back(4096);
-    sizes.push_back(size_t{64} << 20);
-  }
+void Ring(void* send, void* recv, int prev, const std::vector<size_t>& sizes) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     const size_t size = sizes[i];
     std::vector<char> out(size), in(size + 64);
@@ -146,11 +158,142 @@ void Ring(void* send, void* recv, int prev, bool big) {
   }
 }
 
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// One test() of `req`: true when done; dies on an error. The bench loops sleep 100 us between
+// rounds instead of spinning: on a small machine the node's poll loop must not take the CPU the
+// plugin's I/O thread needs (NCCL's proxy spins, but on machines with cores to spare), and
+// 100 us is far below one message's time at any rate measured.
+bool Poll(void* req, int* size, const std::string& what) {
+  int done = 0;
+  const ncclResult_t r = g_net->test(req, &done, size);
+  if (r != ncclSuccess) Die(what + ": test() returned " + std::to_string(r));
+  return done != 0;
+}
+
+// Rank 0 streams messages to rank 1 (see the file comment); rank 1 measures.
+void Bench(void* send, void* recv, size_t bytes, double seconds, double warmup, int depth) {
+  // CPU seconds of the transfer only: filling and checking the buffers is the bench's own work.
+  double cpu0 = 0, cpu = 0;
+  const double deadline_slack = kDeadlineSeconds;  // no progress for this long: fail, not hang
+  if (g_rank == 0) {
+    std::vector<std::vector<char>> bufs(static_cast<size_t>(depth), std::vector<char>(bytes));
+    std::vector<void*> reqs(bufs.size(), nullptr);
+    for (size_t i = 0; i < bufs.size(); ++i) FillPattern(bufs[i].data(), bytes, 99 + i);
+    cpu0 = CpuSeconds();
+    const double end = Now() + seconds;
+    for (size_t i = 0; i < bufs.size(); ++i) reqs[i] = Send(send, bufs[i].data(), bytes, 0);
+    size_t sent = bufs.size();
+    double last_progress = Now();
+    while (true) {
+      bool any = false;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (reqs[i] == nullptr || !Poll(reqs[i], nullptr, "bench send")) continue;
+        any = true;
+        reqs[i] = Now() < end ? Send(send, bufs[i].data(), bytes, 0) : nullptr;
+        if (reqs[i] != nullptr) ++sent;
+      }
+      if (std::all_of(reqs.begin(), reqs.end(), [](void* r) { return r == nullptr; })) break;
+      if (any) last_progress = Now();
+      if (Now() - last_progress > deadline_slack) Die("bench send made no progress");
+      usleep(100);
+    }
+    // The end mark: one empty message per receive the peer keeps posted.
+    std::vector<void*> ends;
+    for (int i = 0; i < depth; ++i) ends.push_back(Send(send, nullptr, 0, 0));
+    for (void* r : ends) Wait(r, nullptr, "bench end mark");
+    cpu = CpuSeconds() - cpu0;
+    std::printf("SENT %zu\n", sent);
+  } else if (g_rank == 1) {
+    std::vector<std::vector<char>> bufs(static_cast<size_t>(depth), std::vector<char>(bytes));
+    std::vector<void*> reqs(static_cast<size_t>(depth), nullptr);
+    auto post = [&](size_t i) {
+      void* data[1] = {bufs[i].data()};
+      size_t cap[1] = {bytes};
+      int tags[1] = {0};
+      reqs[i] = Recv(recv, 1, data, cap, tags);
+    };
+    cpu0 = CpuSeconds();
+    for (size_t i = 0; i < reqs.size(); ++i) post(i);
+    // Completions in posting order (the plugin matches per tag in FIFO order).
+    std::vector<double> done;  // completion time of every data message
+    size_t next = 0;
+    int ends = 0;
+    double last_progress = Now();
+    while (ends < depth) {
+      int size = -1;
+      if (!Poll(reqs[next], &size, "bench receive")) {
+        if (Now() - last_progress > deadline_slack) Die("bench receive made no progress");
+        usleep(100);
+        continue;
+      }
+      last_progress = Now();
+      reqs[next] = nullptr;
+      if (size == 0) {
+        ++ends;
+      } else {
+        if (static_cast<size_t>(size) != bytes) Die("bench message of " + std::to_string(size));
+        done.push_back(Now());
+        if (ends == 0) post(next);
+      }
+      next = (next + 1) % reqs.size();
+    }
+    cpu = CpuSeconds() - cpu0;
+    if (done.empty()) Die("bench: no message arrived");
+    if (std::getenv("PLUGIN_NODE_TRACE") != nullptr) {  // completion times, for a rate plot
+      for (double t : done) std::fprintf(stderr, "DONE %.3f\n", t - done.front());
+    }
+    // The last message in buffer 0 came from one of the sender's buffers: find which by its
+    // first bytes, then check it whole (the tests check every byte; this catches a bench that
+    // measures garbage).
+    std::vector<char> head(std::min<size_t>(bytes, 4096));
+    int from = -1;
+    for (int i = 0; i < depth && from < 0; ++i) {
+      FillPattern(head.data(), head.size(), 99 + static_cast<uint64_t>(i));
+      if (std::memcmp(head.data(), bufs[0].data(), head.size()) == 0) from = i;
+    }
+    if (from < 0 || FirstMismatch(bufs[0].data(), bytes, 99 + static_cast<uint64_t>(from)) >= 0) {
+      Die("bench payload corrupted");
+    }
+    // The window: from WARMUP seconds after the first completion to WARMUP seconds before the
+    // sender stopped, fixed times (a window bounded by completions would blow up when two
+    // messages complete together after a stall); the bytes of the messages completed inside it.
+    // Its error is at most a message's bytes at each end, and averages out.
+    const double begin = done.front() + warmup;
+    const double end = done.front() + seconds - warmup;
+    uint64_t in_window = 0;
+    for (double t : done) in_window += (t > begin && t <= end) ? 1 : 0;
+    if (end <= begin || in_window < 2) {
+      Die("bench: " + std::to_string(in_window) + " of " + std::to_string(done.size()) +
+          " messages completed inside the measuring window: run longer or with smaller messages");
+    }
+    const uint64_t window_bytes = in_window * bytes;
+    std::printf("GOODPUT %.1f BYTES %llu SECONDS %.3f MESSAGES %llu\n",
+                8e-6 * static_cast<double>(window_bytes) / (end - begin),
+                static_cast<unsigned long long>(window_bytes), end - begin,
+                static_cast<unsigned long long>(in_window));
+  }
+  std::printf("CPU %.3f\n", cpu);
+  std::fflush(stdout);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s PLUGIN.so RANK NRANKS ring|crash|expect-loss\n", argv[0]);
+  if (argc < 5 || argc > 9) {
+    std::fprintf(stderr,
+                 "usage: %s PLUGIN.so RANK NRANKS "
+                 "ring|ring-big|ring-wan|close-inflight|crash|expect-loss|bench "
+                 "[BYTES SECONDS WARMUP DEPTH]\n",
+                 argv[0]);
     return 2;
   }
   g_rank = std::atoi(argv[2]);
@@ -236,7 +379,28 @@ int main(int argc, char** argv) {
     }
     Die("the lost peer was never reported");
   }
-  Ring(pair.send, pair.recv, prev, mode == "ring-big");
+  if (mode == "bench") {
+    const size_t bytes = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : size_t{64} << 20;
+    const double seconds = argc > 6 ? std::atof(argv[6]) : 5;
+    const double warmup = argc > 7 ? std::atof(argv[7]) : 1;
+    const int depth = argc > 8 ? std::atoi(argv[8]) : 4;
+    if (bytes == 0 || seconds <= 0 || warmup < 0 || depth < 1 || depth > 32) {
+      Die("bench needs BYTES > 0, SECONDS > 0, WARMUP >= 0 and DEPTH 1-32");
+    }
+    Bench(pair.send, pair.recv, bytes, seconds, warmup, depth);
+  } else {
+    std::vector<size_t> sizes = {
+        0, 1, 4097, (size_t{1} << 20) + 13, size_t{8} << 20, size_t{16} << 20};
+    if (mode == "ring-big") {
+      sizes.push_back(4096);
+      sizes.push_back(size_t{64} << 20);
+    } else if (mode == "ring-wan") {
+      sizes = {0, 1, 4097, (size_t{1} << 20) + 13, (size_t{3} << 20) + 5};
+    } else if (mode != "ring") {
+      Die("unknown mode " + mode);
+    }
+    Ring(pair.send, pair.recv, prev, sizes);
+  }
   if (g_net->closeSend(pair.send) != ncclSuccess) Die("closeSend failed");
   if (g_net->closeRecv(pair.recv) != ncclSuccess) Die("closeRecv failed");
   if (g_net->finalize(ctx) != ncclSuccess) Die("finalize failed");
