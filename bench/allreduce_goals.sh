@@ -45,10 +45,14 @@ COMMON=(allreduce --regions 3 --ranks-per-region 2 --size "$SIZE" --iters "$ITER
 run() {  # name, extra flags...
   local name=$1; shift
   echo "allreduce_goals: $name: strait-bench ${COMMON[*]} $*" >&2
+  # The 1-minute load average before and after: on a shared machine other work slows every row
+  # (the emulator routes in user space), so the table says how quiet the machine was.
+  cut -d' ' -f1 /proc/loadavg >"$TMP/$name.load"
   if ! "$BENCH" "${COMMON[@]}" "$@" >"$TMP/$name.json"; then
     echo "allreduce_goals: $name FAILED (see above)" >&2
     exit 1
   fi
+  cut -d' ' -f1 /proc/loadavg >>"$TMP/$name.load"
 }
 
 for c in $CASES; do
@@ -124,6 +128,10 @@ print(f"# strait-bench allreduce goals (issue #4): 3 regions x 2 ranks, {size} f
 for r in table:
     print("  ".join(c.ljust(width[i]) if i in (0, 6) else c.rjust(width[i])
                     for i, c in enumerate(r)).rstrip())
+for c in cases:
+    with open(os.path.join(tmp, c + ".load")) as f:
+        load = f.read().split()
+    notes.append(f"{c}: load average {load[0]} before the run, {load[-1]} after")
 for n in notes:
     print("# " + n)
 EOF
