@@ -9,4 +9,16 @@ start=$(date +%s)
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j"$(nproc)"
 ctest --preset ci -j"$(nproc)"
+# The GPU code (lib/cuda kernels, their tests and benchmark, the NCCL end-to-end program) is not in
+# the ci preset (clang with sanitizers is no host compiler for nvcc). Where nvcc is installed, build
+# it with the `cuda` preset so CI catches code that no longer compiles, and run the `gpu` tests:
+# they skip themselves without a device and run for real on a GPU machine.
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+  cmake --preset cuda -DSTRAIT_WERROR=ON >/dev/null
+  cmake --build --preset cuda -j"$(nproc)" --target strait_cuda cuda_kernels_test \
+    cuda_kernels_bench strait_nccl_allreduce
+  ctest --test-dir build/cuda -L gpu --output-on-failure
+else
+  echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"
+fi
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s"
