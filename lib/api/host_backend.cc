@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -59,6 +61,65 @@ struct SendErrors {
   Status first;
 };
 
+// Phase 2 under a fixed lossy policy: the rank quantizes its shard itself (with its own
+// error-feedback residual per tensor key, as the GPU backend does on the device) and the
+// gateway all-reduces the frame (kAllReduceFrame), so that the host backend runs the pipeline
+// the GPU backend runs. Parsed from the policy the gateway resolved (JobPolicy::ToString):
+// "int8+ef (lossy from 64 KiB, else zstd)" -> int8 with feedback; nullopt for lossless and auto.
+struct FramePolicy {
+  CodecId codec = CodecId::kInt8;
+  bool error_feedback = false;
+};
+std::optional<FramePolicy> FramePolicyOf(const std::string& resolved) {
+  const size_t end = std::min(resolved.find_first_of("+ :(["), resolved.size());
+  const auto codec = ParseCodecId(resolved.substr(0, end));
+  if (!codec.has_value() || !IsLossyCodec(*codec)) return std::nullopt;
+  return FramePolicy{*codec, resolved.compare(end, 3, "+ef") == 0};
+}
+
+// Per-comm state of phase 2's frame path; used under HostComm::mu_.
+struct FramePath {
+  std::optional<FramePolicy> policy;
+  Encoder encoder;
+  Decoder decoder;
+  std::map<std::string, std::vector<float>> residuals;  // by tensor key
+  // Keys (and their counts) the gateway refused as frames (kFailedPrecondition: the regions'
+  // agreed policy gives another codec for them, e.g. below min_lossy_bytes): sent raw from then
+  // on, without asking again.
+  std::map<std::string, size_t> refused;
+
+  // All-reduces `n` elements at `data` in place as a frame; false when the gateway refused the
+  // frame before the operation started (the caller sends the tensor raw instead: every region's
+  // gateway refuses alike, so every rank falls back alike).
+  StatusOr<bool> Run(gateway::Client& client, const std::string& job, const std::string& key,
+                     DataType dtype, ReduceOp op, uint8_t* data, size_t n, Deadline deadline) {
+    if (auto it = refused.find(key); it != refused.end() && it->second == n) return false;
+    CodecOptions o;
+    o.codec = policy->codec;  // the default block size, round to nearest
+    std::vector<float>* residual = nullptr;
+    std::vector<float> saved;
+    if (policy->error_feedback) {
+      residual = &residuals[key];
+      if (residual->size() != n) residual->assign(n, 0.0f);
+      saved = *residual;
+    }
+    std::vector<uint8_t> frame;
+    STRAIT_RETURN_IF_ERROR(residual != nullptr ? encoder.EncodeWithFeedback(
+                                                     data, n, dtype, o, residual->data(), &frame)
+                                               : encoder.Encode(data, n, dtype, o, &frame));
+    std::vector<uint8_t> result;
+    Status s = client.AllReduceFrame(job, key, op, frame, &result, deadline);
+    if (s.code() == StatusCode::kFailedPrecondition) {
+      if (residual != nullptr) *residual = std::move(saved);  // this step was not sent so
+      refused[key] = n;
+      return false;
+    }
+    STRAIT_RETURN_IF_ERROR(s);
+    STRAIT_RETURN_IF_ERROR(decoder.Decode(result, data, n, dtype));
+    return true;
+  }
+};
+
 }  // namespace
 
 struct HostComm::Impl {
@@ -67,6 +128,7 @@ struct HostComm::Impl {
   std::unique_ptr<net::Endpoint> endpoint;
   std::vector<std::shared_ptr<net::Link>> links;
   std::unique_ptr<gateway::Client> client;
+  std::unique_ptr<FramePath> frames = std::make_unique<FramePath>();
 };
 
 HostComm::HostComm(HostCommOptions options)
@@ -110,6 +172,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
                                        "' with compression '" + options.compression + "'");
   }
   comm->policy_ = std::move(policy).value();
+  g.frames->policy = FramePolicyOf(comm->policy_);
 
   const int m = options.nranks;
   std::vector<std::string> names;
@@ -357,6 +420,15 @@ Status HostComm::RunAllReduce(uint8_t* data, size_t count, DataType dtype, Reduc
       const size_t begin = shard.begin + k * piece;
       const size_t n = std::min(piece, shard.begin + shard.count - begin);
       const std::string piece_key = pieces == 1 ? key : key + ":part" + std::to_string(k);
+      if (float_path && g.frames->policy.has_value()) {
+        auto sent = g.frames->Run(*g.client, options_.job, piece_key, dtype, op,
+                                  data + begin * elem, n, sub);
+        if (!sent.ok()) {
+          return sent.status().WithContext("cross-region phase of shard " + std::to_string(me) +
+                                           " through " + options_.gateway + " (as a frame)");
+        }
+        if (*sent) continue;
+      }
       STRAIT_RETURN_IF_ERROR(
           g.client->AllReduce(options_.job, piece_key, dtype, op, data + begin * elem, n, sub)
               .WithContext("cross-region phase of shard " + std::to_string(me) + " through " +

@@ -8,8 +8,12 @@
 //      sends its part of shard j to rank j, raw; rank r reduces shard r over ranks 0..m-1 in that
 //      fixed order: in fp32 for sum/avg of float32/bfloat16/float16 (rounded once to the element
 //      type; avg divides by m first), exactly in the element type otherwise.
-//   2. Cross-region: rank r all-reduces its shard through its straitd (gateway::Client, the
-//      kAllReduce request) under the job's policy, with tensor key
+//   2. Cross-region: rank r all-reduces its shard through its straitd (gateway::Client) under
+//      the job's policy. Under a fixed lossy policy the rank quantizes its shard itself (codec
+//      library, its own error-feedback residual per key) and sends it with kAllReduceFrame, the
+//      pipeline the GPU backend runs; a key the gateway refuses that way (kFailedPrecondition:
+//      e.g. below min_lossy_bytes) goes raw with kAllReduce from then on. Either way the tensor key
+//      is
 //      collective::RegionShardKey(key, r, m) (the key the CollNet region all-reduce uses, so that
 //      error-feedback residuals are per shard). A shard beyond kMaxCrossBytes goes as several
 //      requests, keys suffixed ":part<k>". Empty shards (count < m) skip this phase on every

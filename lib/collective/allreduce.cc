@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "codec/crc32c.h"
+#include "codec/frame.h"
 #include "collective/engine.h"
 #include "collective/ring.h"
 
@@ -67,6 +69,47 @@ Status ValidateLinkCodecs(const Transport& transport, const AllReduceRequest& r)
   return Status::Ok();
 }
 
+// Pre-encoded input and the result as one frame: both move lossy stages around unchanged, so
+// they need one lossy codec for every frame, unchained.
+Status ValidateFrameModes(const AllReduceRequest& r) {
+  const bool pre = !r.input_stage.empty();
+  if (!pre && r.result_frame == nullptr) return Status::Ok();
+  const char* what = pre ? "input_stage" : "result_frame";
+  const CodecId c = r.codec.codec;
+  if (!IsLossyCodec(c)) {
+    return InvalidArgumentError(std::string(what) + " needs a lossy codec (int8, int4, fp8), not " +
+                                CodecName(c));
+  }
+  if (r.codec.chain_zstd) {
+    return InvalidArgumentError(std::string(what) +
+                                " needs unchained frames: set codec.chain_zstd off");
+  }
+  auto all_same = [c](const std::vector<CodecId>& v) {
+    return std::all_of(v.begin(), v.end(), [c](CodecId x) { return x == c; });
+  };
+  if (pre && !all_same(r.send_codecs)) {
+    return InvalidArgumentError(std::string("input_stage is one codec's stage: send_codecs must "
+                                            "be empty or all ") +
+                                CodecName(c));
+  }
+  if (r.result_frame != nullptr && !all_same(r.result_codecs)) {
+    return InvalidArgumentError(std::string("result_frame is one frame: result_codecs must be "
+                                            "empty or all ") +
+                                CodecName(c));
+  }
+  if (pre) {
+    const auto stage = codec_internal::ExpectedStageSize(c, r.dtype, r.count, r.codec.block_size);
+    if (!stage.has_value() || *stage != r.input_stage.size()) {
+      return InvalidArgumentError(
+          "input_stage has " + std::to_string(r.input_stage.size()) + " bytes; " +
+          std::to_string(r.count) + " elements of " + CodecName(c) + " with block size " +
+          std::to_string(r.codec.block_size) + " take " +
+          (stage.has_value() ? std::to_string(*stage) : std::string("(invalid options)")));
+    }
+  }
+  return Status::Ok();
+}
+
 Status Validate(const Transport& transport, const AllReduceRequest& r) {
   if (transport.size() < 1 || transport.rank() < 0 || transport.rank() >= transport.size()) {
     return InvalidArgumentError("transport reports rank " + std::to_string(transport.rank()) +
@@ -79,7 +122,9 @@ Status Validate(const Transport& transport, const AllReduceRequest& r) {
   if (!IsValidReduceOp(static_cast<uint8_t>(r.op))) {
     return InvalidArgumentError("op: invalid value " + std::to_string(static_cast<int>(r.op)));
   }
-  if (r.count > 0 && r.data == nullptr) {
+  // With a pre-encoded input and a result frame nothing reads or writes `data`.
+  const bool data_unused = !r.input_stage.empty() && r.result_frame != nullptr;
+  if (r.count > 0 && r.data == nullptr && !data_unused) {
     return InvalidArgumentError("data is null for " + std::to_string(r.count) + " elements");
   }
   const bool lossy = IsLossyCodec(r.codec.codec);
@@ -94,6 +139,7 @@ Status Validate(const Transport& transport, const AllReduceRequest& r) {
     STRAIT_RETURN_IF_ERROR(ValidateCodecOptions(r.codec, DataType::kFloat32).WithContext("codec"));
   }
   STRAIT_RETURN_IF_ERROR(ValidateLinkCodecs(transport, r));
+  STRAIT_RETURN_IF_ERROR(ValidateFrameModes(r));
   if (internal::AnyLossy(r) && r.error_feedback && r.feedback == nullptr) {
     return InvalidArgumentError("error_feedback is on but no ErrorFeedbackStore was given");
   }
@@ -195,6 +241,20 @@ Status RunMesh(OpContext& ctx) {
   return ctx.first_error();
 }
 
+// The header of request.result_frame, once every chunk's stage is in place.
+void WriteResultHeader(const AllReduceRequest& request, const OpContext& ctx) {
+  std::vector<uint8_t>& frame = *request.result_frame;
+  FrameInfo info;
+  info.codec = request.codec.codec;
+  info.dtype = DataType::kFloat32;  // owners quantize the fp32 sum
+  info.flags = request.codec.rounding == Rounding::kStochastic ? kFrameFlagStochastic : 0;
+  info.block_size = request.codec.block_size;
+  info.element_count = request.count;
+  info.payload_size = frame.size() - kFrameHeaderSize;
+  info.stage_size = info.payload_size;
+  codec_internal::WriteFrameHeader(info, Crc32c(ctx.result_stage, info.payload_size), frame.data());
+}
+
 }  // namespace
 
 PlanOptions PlanFor(const AllReduceRequest& request, int world) {
@@ -226,9 +286,34 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
   ctx.float_path = IsFloatPath(request.dtype, request.op);
   ctx.lossy = internal::AnyLossy(request);
   ctx.exact_op = request.op == ReduceOp::kAvg ? ReduceOp::kSum : request.op;
+  ctx.input_stage = request.input_stage;
+  if ((!request.input_stage.empty() || request.result_frame != nullptr) && request.count > 0 &&
+      ctx.plan.align != request.codec.block_size) {
+    // The plan fell back to element alignment: fewer blocks than ranks.
+    return InvalidArgumentError(std::to_string(request.count) + " elements are fewer than " +
+                                std::to_string(ctx.world) + " ranks x block size " +
+                                std::to_string(request.codec.block_size) +
+                                ": a pre-encoded input or a result frame needs whole blocks "
+                                "per owner (use a smaller block size, or the plain all-reduce "
+                                "for tensors this small)")
+        .WithContext(what);
+  }
+  if (request.result_frame != nullptr) {
+    // Sized now; DecodeResult fills the payload chunk by chunk, the header is written last.
+    const uint32_t block = request.codec.block_size;
+    const size_t codes =
+        request.codec.codec == CodecId::kInt4 ? (request.count + 1) / 2 : request.count;
+    ctx.result_codes_at = (request.count + block - 1) / block * sizeof(float);
+    request.result_frame->assign(kFrameHeaderSize + ctx.result_codes_at + codes, 0);
+    ctx.result_stage = request.result_frame->data() + kFrameHeaderSize;
+  }
   if (ctx.lossy && request.error_feedback && request.count > 0) {
-    ctx.send_residual =
-        request.feedback->Residual(request.job, request.tensor_key + ":send", request.count);
+    // A pre-encoded input carries the rank's own feedback: no sender residual for it here; the
+    // ring's partial sums, which this rank encodes, still keep theirs.
+    if (request.input_stage.empty() || ctx.plan.algorithm == Algorithm::kRing) {
+      ctx.send_residual =
+          request.feedback->Residual(request.job, request.tensor_key + ":send", request.count);
+    }
     ctx.own_residual =
         request.feedback->Residual(request.job, request.tensor_key + ":own", request.count);
   }
@@ -237,7 +322,10 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
     stats->algorithm = ctx.plan.algorithm;
     stats->chunks = ctx.plan.chunks.size();
   }
-  if (request.count == 0) return Status::Ok();
+  if (request.count == 0) {
+    if (request.result_frame != nullptr) WriteResultHeader(request, ctx);
+    return Status::Ok();
+  }
 
   // A one-rank ring is the mesh (the owner talks only to itself).
   Status status = ctx.plan.algorithm == Algorithm::kRing && ctx.world > 1 ? internal::RunRing(ctx)
@@ -264,6 +352,7 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
     }
   }
   const int64_t ack_wait_ns = MonotonicNanos() - ack_wait_start;
+  if (status.ok() && request.result_frame != nullptr) WriteResultHeader(request, ctx);
   // Tell the other ranks, unless this failure is their abort reaching us (kAborted): echoing it
   // would only repeat the cause under this rank's name.
   if (!status.ok() && status.code() != StatusCode::kAborted) {

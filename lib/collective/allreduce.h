@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,32 @@ struct AllReduceRequest {
   // Every wait ends by then. The default is taken when the request is built, not when
   // AllReduce is called: set it per call.
   Deadline deadline = Deadline::AfterSeconds(60);
+
+  // Pre-encoded input (library mode: the rank quantized its contribution itself, on its GPU or
+  // CPU, with its own error-feedback residual). When non-empty, `data` is not read: this rank's
+  // input is this stage -- the ScaleCount(count, codec.block_size) fp32 scales, then the codes,
+  // of `count` elements of `dtype` in the lossy codec.codec (strait/codec.h, "Lossy stage
+  // layout"; the payload of an unchained frame). The chunks are cut at block boundaries, so each
+  // chunk frame sent to an owner is a slice of it wrapped in a frame header (dtype `dtype`), and
+  // the owner decodes its own slice for its own contribution: the same bytes the normal path
+  // would send had it encoded `data` with the same options. No sender residual is kept for the
+  // input (the rank keeps its own); the owner residual, and the ring's residual for the partial
+  // sums it re-encodes, still apply. (On the mesh the result is therefore byte-identical to the
+  // normal path's when the rank's frame equals what that path's sender encoding would produce,
+  // e.g. round-to-nearest with the same residual; the ring adds a rank's own input from its
+  // frame, not exactly, so there it is only as close.) Needs: a lossy codec.codec with
+  // chain_zstd off, op sum or avg of float32/bfloat16/float16, send_codecs empty or all
+  // codec.codec, and count >= world x block_size (otherwise the plan's shards fall back to
+  // element alignment and a block would straddle two owners: kInvalidArgument).
+  std::span<const uint8_t> input_stage;
+  // Optional out: the result as ONE lossy frame -- codec.codec, block codec.block_size, dtype
+  // float32 (owners quantize the fp32 sum), `count` elements, flags kFrameFlagStochastic when
+  // codec.rounding is stochastic, never zstd -- whose stage is the owners' result stages in
+  // element order. Each owner's result frame goes to every rank, so this frame is byte-identical
+  // on every rank, and decoding it gives exactly what `data` receives. Needs a lossy codec.codec,
+  // result_codecs empty or all codec.codec, chain_zstd off. With it and input_stage, `data` may
+  // be null (nothing is decoded); otherwise `data` receives the decoded result as usual.
+  std::vector<uint8_t>* result_frame = nullptr;
 
   // Carried verbatim with this rank's abort if the operation fails here (Transport::Abort); the
   // gateway puts the job's numbering in it. At most 4 KiB.

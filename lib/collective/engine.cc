@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "codec/crc32c.h"
+#include "codec/frame.h"
 #include "strait/reduce.h"
 
 namespace strait::collective::internal {
@@ -69,6 +71,39 @@ Status ExpectedCodec(const OpContext& ctx, std::span<const uint8_t> frame, const
                                       CodecName(named) + ", this operation accepts " + accepted +
                                       " (do the regions' policies for the job differ?)"),
                  step, chunk);
+}
+
+// Bytes of `count` codes of a lossy codec (int4 packs two per byte, element 2i low).
+size_t CodeBytesOf(CodecId codec, size_t count) {
+  return codec == CodecId::kInt4 ? (count + 1) / 2 : count;
+}
+
+// The chunk's slice of a pre-encoded input stage, wrapped in a frame of the request's dtype:
+// the bytes Encoder would write for the chunk had it quantized the same values itself. The
+// chunk starts on a block boundary (AllReduce checks the plan's alignment), so its scales and
+// codes are contiguous runs of the stage.
+void SliceInput(const OpContext& ctx, const Chunk& chunk, std::vector<uint8_t>* out) {
+  const AllReduceRequest& r = *ctx.request;
+  const size_t block = r.codec.block_size;
+  const size_t scale_bytes = (chunk.count + block - 1) / block * sizeof(float);
+  const size_t code_bytes = CodeBytesOf(r.codec.codec, chunk.count);
+  const size_t codes_at = (r.count + block - 1) / block * sizeof(float);
+  const size_t payload = scale_bytes + code_bytes;
+  out->resize(kFrameHeaderSize + payload);
+  uint8_t* p = out->data() + kFrameHeaderSize;
+  std::memcpy(p, ctx.input_stage.data() + chunk.begin / block * sizeof(float), scale_bytes);
+  std::memcpy(p + scale_bytes,
+              ctx.input_stage.data() + codes_at + CodeBytesOf(r.codec.codec, chunk.begin),
+              code_bytes);
+  FrameInfo info;
+  info.codec = r.codec.codec;
+  info.dtype = r.dtype;
+  info.flags = r.codec.rounding == Rounding::kStochastic ? kFrameFlagStochastic : 0;
+  info.block_size = r.codec.block_size;
+  info.element_count = chunk.count;
+  info.payload_size = payload;
+  info.stage_size = payload;
+  codec_internal::WriteFrameHeader(info, Crc32c(p, payload), out->data());
 }
 
 }  // namespace
@@ -164,6 +199,10 @@ CodecId ResultCodec(const OpContext& ctx, int peer) {
 Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, int to,
                    std::vector<uint8_t>* out) {
   const PhaseTimer timer(ctx.encode_ns);
+  if (!ctx.input_stage.empty()) {
+    SliceInput(ctx, chunk, out);
+    return Status::Ok();
+  }
   const CodecOptions o =
       OptionsFor(ctx, chunk, 1 + static_cast<uint64_t>(ctx.rank), SendCodec(ctx, to));
   const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
@@ -205,6 +244,12 @@ Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame
 
 Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc) {
   const PhaseTimer timer(ctx.reduce_ns);
+  if (!ctx.input_stage.empty()) {
+    // Own contribution = what the rank's frame decodes to, exactly as for the other ranks'.
+    SliceInput(ctx, chunk, &w.bytes);
+    return InChunk(w.decoder.DecodeAccumulate(w.bytes, facc, chunk.count), "adding own input",
+                   chunk);
+  }
   const uint8_t* src = ctx.data + chunk.begin * ctx.elem;
   if (ctx.float_path) {
     w.floats.resize(chunk.count);
@@ -306,6 +351,26 @@ Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, c
   expect.codec = codec;
   expect.element_count = chunk.count;
   expect.dtype = IsLossyCodec(codec) ? DataType::kFloat32 : ctx.request->dtype;
+  if (ctx.result_stage != nullptr) {
+    // One frame for the whole result: this chunk's scales and codes go to their places in it.
+    auto info = InspectFrame(frame, expect);
+    if (!info.ok()) return InChunk(info.status(), "decoding result", chunk);
+    const AllReduceRequest& r = *ctx.request;
+    if ((info->flags & kFrameFlagZstd) != 0 || info->block_size != r.codec.block_size) {
+      return InChunk(InvalidArgumentError("result frame is zstd-chained or has block size " +
+                                          std::to_string(info->block_size) + ", not " +
+                                          std::to_string(r.codec.block_size) +
+                                          " (do the regions' policies for the job differ?)"),
+                     "decoding result", chunk);
+    }
+    const size_t block = r.codec.block_size;
+    const size_t scale_bytes = (chunk.count + block - 1) / block * sizeof(float);
+    const uint8_t* payload = frame.data() + kFrameHeaderSize;
+    std::memcpy(ctx.result_stage + chunk.begin / block * sizeof(float), payload, scale_bytes);
+    std::memcpy(ctx.result_stage + ctx.result_codes_at + CodeBytesOf(codec, chunk.begin),
+                payload + scale_bytes, CodeBytesOf(codec, chunk.count));
+    if (ctx.data == nullptr) return Status::Ok();
+  }
   return InChunk(w.decoder.Decode(frame, ctx.data + chunk.begin * ctx.elem, chunk.count,
                                   ctx.request->dtype, expect),
                  "decoding result", chunk);

@@ -51,6 +51,12 @@ struct OpContext {
   ReduceOp exact_op = ReduceOp::kSum;  // the op of the exact path (avg reduces as sum)
   std::span<float> send_residual;      // empty: no error feedback
   std::span<float> own_residual;
+  // request->input_stage (pre-encoded input: EncodeInput and AddOwnInput slice it).
+  std::span<const uint8_t> input_stage;
+  // Where DecodeResult copies each chunk's result stage (the payload of request->result_frame,
+  // scales at 0, codes at result_codes_at), or null.
+  uint8_t* result_stage = nullptr;
+  size_t result_codes_at = 0;
   SendTracker sends;
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
@@ -104,14 +110,15 @@ CodecId SendCodec(const OpContext& ctx, int peer);
 CodecId ResultCodec(const OpContext& ctx, int peer);
 
 // This rank's input for `chunk` as a frame of the request's dtype (sender residual applied), in
-// the codec for rank `to`.
+// the codec for rank `to`; with a pre-encoded input, the chunk's slice of the stage, wrapped.
 Status EncodeInput(OpContext& ctx, Worker& w, const Chunk& chunk, int to,
                    std::vector<uint8_t>* out);
 // acc (fp32 path: `facc`, chunk.count floats; exact path: `tacc`, chunk.count elements) =
 // decoded frame when `first`, else acc op= decoded frame.
 Status AccumulateFrame(OpContext& ctx, Worker& w, std::span<const uint8_t> frame,
                        const Chunk& chunk, bool first, float* facc, uint8_t* tacc);
-// acc op= this rank's input for `chunk` (exactly; the ring's middle hops).
+// acc op= this rank's input for `chunk` (exactly; the ring's middle hops; a pre-encoded input
+// is decoded from its slice).
 Status AddOwnInput(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc);
 // A ring partial sum as a frame: fp32 (lossy codec with the sender residual, or lossless) on the
 // fp32 path, the element type on the exact path.
@@ -124,7 +131,8 @@ Status EncodeResults(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc,
 // EncodeResults for one codec.
 Status EncodeResult(OpContext& ctx, Worker& w, const Chunk& chunk, float* facc, uint8_t* tacc,
                     CodecId codec, std::vector<uint8_t>* out);
-// Decodes a final frame into the caller's buffer at the chunk's place.
+// Decodes a final frame into the caller's buffer at the chunk's place (skipped when the request
+// has no data), and copies its stage into ctx.result_stage when there is one.
 Status DecodeResult(OpContext& ctx, Worker& w, std::span<const uint8_t> frame, const Chunk& chunk);
 
 }  // namespace strait::collective::internal

@@ -230,6 +230,38 @@ Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, De
   return Status::Ok();
 }
 
+Status Client::AllReduceFrame(const std::string& job, const std::string& tensor_key, ReduceOp op,
+                              std::span<const uint8_t> frame_in, std::vector<uint8_t>* frame_out,
+                              Deadline deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (frame_out == nullptr) return InvalidArgumentError("all-reduce-frame: frame_out is null");
+  Message m;
+  m.type = MessageType::kAllReduceFrame;
+  m.job = job;
+  m.tensor_key = tensor_key;
+  m.op = op;
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  // As AllReduceAs: wait a moment past the gateway's deadline for its explanation.
+  const Deadline reply_by =
+      deadline.IsInfinite()
+          ? deadline
+          : Deadline::After(deadline.RemainingNanos() +
+                            std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
+  if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, frame_in.size()));
+  Status s = WriteAll(fd_, head, reply_by);
+  if (s.ok() && !frame_in.empty()) s = WriteAll(fd_, frame_in, reply_by);
+  if (!s.ok()) {
+    broken_ = true;
+    return s;
+  }
+  STRAIT_ASSIGN_OR_RETURN(Message reply, ReadReply(m.type, reply_by));
+  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
+  *frame_out = std::move(reply.data);
+  return Status::Ok();
+}
+
 StatusOr<std::string> Client::Stats(Deadline deadline) {
   std::lock_guard<std::mutex> lock(mu_);
   Message m;

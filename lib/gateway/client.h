@@ -62,6 +62,17 @@ class Client {
   Status RegionAllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                          ReduceOp op, void* data, size_t count, Deadline deadline);
 
+  // Library mode: all-reduces a frame the rank quantized itself (see kAllReduceFrame in
+  // local_protocol.h): `frame_in` is one lossy codec frame (int8, int4 or fp8, not zstd-chained;
+  // its header gives dtype and count), `op` sum or avg. On success `*frame_out` holds the result
+  // frame (same codec, block size and count; dtype float32), byte-identical on every rank of
+  // every region; decode it with Decoder::Decode. Blocks like AllReduce; errors as AllReduce's,
+  // plus the frame's own (kDataLoss for a corrupt one) and kFailedPrecondition when the job's
+  // policy does not give the frame's codec. `*frame_out` is untouched on error.
+  Status AllReduceFrame(const std::string& job, const std::string& tensor_key, ReduceOp op,
+                        std::span<const uint8_t> frame_in, std::vector<uint8_t>* frame_out,
+                        Deadline deadline);
+
   // The gateway's counters as text.
   StatusOr<std::string> Stats(Deadline deadline);
 

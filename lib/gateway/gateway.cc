@@ -359,7 +359,8 @@ void Gateway::Impl::ServeConnection(int fd) {
       ++bad_requests;
       const uint8_t t = body[0];
       const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
-                         (t >= 5 && t <= 9);            // 5..9: tunnels
+                         t == 11 ||                        // 11: all-reduce of a frame
+                         (t >= 5 && t <= 9);               // 5..9: tunnels
       reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
                     decoded.WithContext("bad request"));
     } else if (!greeted && request.type != MessageType::kHello) {
@@ -425,7 +426,7 @@ Message Gateway::Impl::Handle(Message& request) {
     }
     case MessageType::kAllReduce:
     case MessageType::kRegionAllReduce:
-      return HandleAllReduce(request);
+    case MessageType::kAllReduceFrame: return HandleAllReduce(request);
     case MessageType::kStats: {
       Message m = Reply(request.type, Status::Ok());
       std::ostringstream os;
@@ -454,6 +455,52 @@ Message Gateway::Impl::Handle(Message& request) {
   }
 }
 
+namespace {
+
+// kAllReduceFrame: the rank's frame must be a valid, unchained lossy frame; its header gives the
+// request's dtype and count.
+Status InspectRequestFrame(Message& request, FrameInfo* info) {
+  auto inspected = InspectFrame(request.data);
+  if (!inspected.ok()) return inspected.status().WithContext("the rank's frame");
+  if (!IsLossyCodec(inspected->codec)) {
+    return InvalidArgumentError(std::string("the rank's frame is ") + CodecName(inspected->codec) +
+                                ", not a lossy codec (int8, int4, fp8): send lossless tensors "
+                                "raw with all-reduce");
+  }
+  if ((inspected->flags & kFrameFlagZstd) != 0) {
+    return InvalidArgumentError(
+        "the rank's frame is zstd-chained; send the quantized frame "
+        "without chain_zstd (the gateway forwards its blocks as they are)");
+  }
+  *info = *inspected;
+  request.dtype = info->dtype;
+  request.count = info->element_count;
+  return Status::Ok();
+}
+
+// kAllReduceFrame: the job's policy must give the frame's codec for this tensor, fixed (auto
+// chooses codecs per link inside the gateway, which a pre-quantized frame cannot follow).
+Status CheckFramePolicy(const std::string& job, const std::string& policy_text, bool automatic,
+                        const TensorCodec& tc, CodecId frame_codec, const char* whose) {
+  const std::string frame = CodecName(frame_codec);
+  if (automatic || !tc.send_codecs.empty() || !tc.result_codecs.empty()) {
+    return FailedPreconditionError(
+        std::string(whose) + " policy for job \"" + job + "\" is " + policy_text +
+        ": auto chooses codecs per link, but this frame is " + frame +
+        " already; register the job with policy \"" + frame + "\" to send quantized frames");
+  }
+  if (tc.codec.codec != frame_codec) {
+    return FailedPreconditionError(
+        std::string(whose) + " policy for job \"" + job + "\" (" + policy_text + ") gives " +
+        CodecName(tc.codec.codec) + " for this tensor, but the frame is " + frame +
+        "; register the job with policy \"" + frame + "\" (and let it allow " + frame +
+        " for tensors this size), or quantize with " + CodecName(tc.codec.codec));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Message Gateway::Impl::HandleAllReduce(Message& request) {
   const int64_t handle_start = MonotonicNanos();
   JobPolicy policy;
@@ -478,12 +525,36 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     policy = it->second;
     ++in_flight;
   }
+  const bool frame_mode = request.type == MessageType::kAllReduceFrame;
+  FrameInfo frame_info;
+  if (frame_mode) {
+    // Refused before the operation is numbered: the other regions never hear of it.
+    Status fs = InspectRequestFrame(request, &frame_info);
+    if (fs.ok()) {
+      fs = CheckFramePolicy(
+          request.job, policy.ToString(), policy.automatic,
+          ChooseTensorCodec(policy, request.dtype, request.op, static_cast<size_t>(request.count)),
+          frame_info.codec, "this gateway's");
+    }
+    if (!fs.ok()) {
+      --in_flight;
+      ++bad_requests;
+      STRAIT_LOG(kWarn, kLog) << "refused all-reduce-frame " << request.job << "/"
+                              << request.tensor_key << ": " << fs;
+      return Reply(request.type,
+                   fs.WithContext("all-reduce-frame of " + request.job + "/" + request.tensor_key));
+    }
+  }
   int64_t budget = config.allreduce_deadline_ns;
   if (request.timeout_ms > 0) budget = std::min<int64_t>(budget, request.timeout_ms * 1'000'000ll);
   const Deadline deadline = Deadline::After(budget);
 
   Message reply = Reply(request.type, Status::Ok());
   reply.data = std::move(request.data);
+  // Frame mode: the rank's frame is the input, and the reply's data becomes the result frame.
+  std::vector<uint8_t> input_frame;
+  if (frame_mode) input_frame = std::exchange(reply.data, {});
+  std::vector<float> tiny_values;  // frame mode, fewer blocks than regions (below)
   TensorCodec tc = ChooseTensorCodec(policy, request.dtype, request.op, request.count);
   collective::AllReduceRequest req;
   req.job = request.job;
@@ -504,6 +575,31 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   req.send_codecs = tc.send_codecs;
   req.result_codecs = tc.result_codecs;
   req.accept_codecs = tc.accept_codecs;
+  if (s.ok() && frame_mode) {
+    s = CheckFramePolicy(request.job, tc.ToString(), false, tc, frame_info.codec,
+                         "the regions' agreed");
+  }
+  if (s.ok() && frame_mode) {
+    req.codec.block_size = frame_info.block_size;
+    const size_t blocks = (req.count + frame_info.block_size - 1) / frame_info.block_size;
+    if (blocks >= world.size() || req.count == 0) {
+      // The frame's blocks go to their owners as they are (AllReduceRequest::input_stage).
+      req.data = nullptr;
+      req.input_stage = std::span<const uint8_t>(input_frame).subspan(kFrameHeaderSize);
+      req.result_frame = &reply.data;
+    } else {
+      // Fewer blocks than regions: a block would straddle two owners. The tensor is tiny, so it
+      // is all-reduced exactly in fp32 from the decoded frames, and every gateway quantizes the
+      // identical fp32 result the same way afterwards (round to nearest): identical frames.
+      tiny_values.resize(req.count);
+      Decoder decoder;
+      s = decoder.Decode(input_frame, tiny_values.data(), req.count, DataType::kFloat32);
+      req.dtype = DataType::kFloat32;
+      req.data = tiny_values.data();
+      req.codec = CodecOptions{};
+      req.error_feedback = false;
+    }
+  }
   OpNumbering::Number number;
   if (s.ok()) {
     // Numbered only once every peer's incarnation is known (see "Operations" in gateway.h).
@@ -528,6 +624,13 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
         req.op_id = OperationId(request.job, request.tensor_key + text, OpNumbering::Word(number));
         req.shard_weights = *std::move(weights);
       }
+    }
+    if (s.ok() && frame_mode) {
+      // Frames cut at another block size (another region's ranks quantizing differently) never
+      // pair with these: the operation fails by its deadline instead of mixing cuts.
+      const std::string cut = "\x1f/frame/" + std::to_string(frame_info.block_size);
+      req.op_id =
+          OperationId(request.job, std::to_string(req.op_id) + cut, OpNumbering::Word(number));
     }
     const int64_t started = MonotonicNanos();
     if (!s.ok()) {
@@ -564,6 +667,17 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   wait_ns += stats.wait_ns;
   ack_wait_ns += stats.ack_wait_ns;
   handle_ns += MonotonicNanos() - handle_start;
+  if (frame_mode && !tiny_values.empty()) {
+    CodecOptions o;
+    o.codec = frame_info.codec;
+    o.block_size = frame_info.block_size;
+    Encoder encoder;
+    if (Status e = encoder.Encode(tiny_values.data(), tiny_values.size(), DataType::kFloat32, o,
+                                  &reply.data);
+        !e.ok()) {
+      return Reply(request.type, e.WithContext("encoding the result frame"));
+    }
+  }
   reply.text = tc.ToString();
   if (request.type == MessageType::kRegionAllReduce) {
     // The split among the region's gateways (each all-reduces its shard across the regions),

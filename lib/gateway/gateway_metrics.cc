@@ -107,7 +107,10 @@ void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status
   metrics.Add("strait_allreduce_wan_sent_bytes_total", job, static_cast<double>(stats.bytes_sent));
   metrics.Add("strait_allreduce_wan_received_bytes_total", job,
               static_cast<double>(stats.bytes_received));
-  if (request.type != MessageType::kAllReduce || world.size() < 2) return;
+  if ((request.type != MessageType::kAllReduce && request.type != MessageType::kAllReduceFrame) ||
+      world.size() < 2) {
+    return;
+  }
   // What an unencoded shard all-reduce sends: every shard but its own (S - s), then its own
   // reduced shard to each of the n - 1 others ((n - 1) s): S + (n - 2) s, s = its share.
   const std::vector<uint64_t> weights = config.ShardWeights();

@@ -100,8 +100,21 @@ Status CheckStr(const std::string& s, const char* field, size_t max, bool requir
   return Status::Ok();
 }
 
+// kAllReduceFrame reduces lossy frames in fp32: only sum and avg mean anything there.
+Status CheckFrameOp(uint8_t op) {
+  if (op == static_cast<uint8_t>(ReduceOp::kSum) || op == static_cast<uint8_t>(ReduceOp::kAvg)) {
+    return Status::Ok();
+  }
+  const std::string name =
+      IsValidReduceOp(op) ? ReduceOpName(static_cast<ReduceOp>(op)) : std::to_string(op);
+  return InvalidArgumentError(
+      "all-reduce-frame op " + name +
+      " is not supported: a quantized frame is summed or averaged (sum, avg); send other "
+      "reductions with all-reduce and a lossless codec");
+}
+
 bool KnownType(uint8_t t) {
-  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 128 ||
+  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 128 ||
          (t >= 5 && t <= 9);  // tunnels
 }
 
@@ -113,6 +126,7 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kRegisterJob: return "register-job";
     case MessageType::kAllReduce: return "all-reduce";
     case MessageType::kRegionAllReduce: return "region-all-reduce";
+    case MessageType::kAllReduceFrame: return "all-reduce-frame";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
     case MessageType::kTunnelListen: return "tunnel-listen";
@@ -166,6 +180,16 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       carries_data = true;
       break;
     }
+    case MessageType::kAllReduceFrame:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
+      STRAIT_RETURN_IF_ERROR(CheckFrameOp(static_cast<uint8_t>(m.op)));
+      w.Str(m.job);
+      w.Str(m.tensor_key);
+      w.U8(static_cast<uint8_t>(m.op));
+      w.U32(m.timeout_ms);
+      carries_data = true;
+      break;
     case MessageType::kStats:
       break;
     case MessageType::kTunnelListen:
@@ -279,6 +303,18 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
                                     std::to_string(r.remaining()) + " data bytes; needs " +
                                     "count x " + std::to_string(elem));
       }
+      r.RestInto(&m.data);
+      break;
+    }
+    case MessageType::kAllReduceFrame: {
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
+      const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      if (!r.status().ok()) break;
+      STRAIT_RETURN_IF_ERROR(CheckFrameOp(op));
+      m.op = static_cast<ReduceOp>(op);
+      // The frame itself is checked by the gateway (InspectFrame), which names what is wrong.
       r.RestInto(&m.data);
       break;
     }

@@ -11,6 +11,25 @@
 //   kRegionAllReduce (10) the fields of kAllReduce: the region all-reduce (CollNet mode): the
 //                 gateways of the region reduce-scatter over the LAN, all-reduce their shards
 //                 across regions, and all-gather (gateway.h); the reply is kAllReduce's
+//   kAllReduceFrame (11) string job, string tensor key, u8 op (sum or avg only), u32 timeout_ms,
+//                 data = ONE codec frame (strait/codec.h: header and checksums included): the
+//                 rank's contribution, already quantized by the rank (library mode: its GPU
+//                 kernel or the CPU codec, with the rank's own error-feedback residual). Lossy
+//                 codec (int8, int4, fp8), dtype float32/bfloat16/float16, any valid block size,
+//                 not zstd-chained; the count and dtype come from the frame's header. The job's
+//                 (agreed) policy must be fixed and give this codec for this tensor; otherwise
+//                 kFailedPrecondition naming both. Every region's ranks must send frames of the
+//                 same codec, block size and count for a key (a different block size never pairs:
+//                 the operation fails by its deadline rather than mixing cuts).
+//                 Reply data: ONE frame of the same codec and block size, dtype float32, the
+//                 frame's count, flags 0 (kFrameFlagStochastic if the policy rounds
+//                 stochastically), never zstd: the all-reduce result (sum, or avg = sum / number
+//                 of regions) as the owners quantized it from their fp32 sums, with the owner
+//                 error feedback the job's policy asks for. Decode it with Decoder::Decode into
+//                 float32, bfloat16 or float16 (or the GPU dequantize kernel from its stage).
+//                 Every rank of every region receives byte-identical frames. Tensors with fewer
+//                 blocks than regions are reduced exactly in fp32 from the decoded frames and the
+//                 result quantized (round to nearest) by each gateway alike, still identical.
 //   Tunnels (see "Tunnels" below):
 //   kTunnelListen  (nothing)
 //   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
@@ -20,7 +39,8 @@
 //   kReply        u8 type of the request answered, u32 StatusCode, string message, data
 //                 (hello: nothing; register: the resolved policy text; all-reduce: the result,
 //                  with the codecs used and the shard split as text, e.g. "int8 shards=400,300,300"
-//                  (elements per owner region, in rank order); stats: a text report)
+//                  (elements per owner region, in rank order); all-reduce-frame: the result
+//                  frame, text as all-reduce's; stats: a text report)
 // Enum values are explicit and never renumbered; a new version adds types, never changes one.
 //
 // Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
@@ -95,6 +115,7 @@ enum class MessageType : uint8_t {
   kTunnelData = 8,
   kTunnelClose = 9,
   kRegionAllReduce = 10,  // the fields of kAllReduce; hierarchical across the region's gateways
+  kAllReduceFrame = 11,   // a pre-quantized codec frame in, the result frame out
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
@@ -128,7 +149,9 @@ struct Message {
   MessageType reply_to = MessageType::kHello;
   StatusCode code = StatusCode::kOk;
   std::string text;
-  // kAllReduce (the tensor) and kReply (the result or report)
+  // kAllReduce (the tensor), kAllReduceFrame (the codec frame; job, tensor_key, op and
+  // timeout_ms as kAllReduce, dtype and count unused on the wire) and kReply (the result or
+  // report)
   std::vector<uint8_t> data;
 };
 

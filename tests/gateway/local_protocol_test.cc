@@ -497,3 +497,61 @@ TEST(LocalProtocol, ReadFrameIntoManySizesOnOneConnection) {
 
 }  // namespace
 }  // namespace strait::gateway
+
+namespace strait::gateway {
+namespace {
+
+// kAllReduceFrame (11): job, key, op, timeout and the rank's codec frame as data; the frame is
+// the gateway's to check (any bytes pass the protocol), the op must be sum or avg both ways.
+TEST(LocalProtocol, AllReduceFrameRoundTripsAndRefusesOtherOps) {
+  Message m;
+  m.type = MessageType::kAllReduceFrame;
+  m.job = "job-1";
+  m.tensor_key = "layer.0.grad";
+  m.op = ReduceOp::kAvg;
+  m.timeout_ms = 7000;
+  m.data = {0x53, 0x54, 0x52, 0x46, 1, 2, 3};
+  auto f = EncodeMessage(m);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)[4], 11);  // the wire value, never renumbered
+  auto d = DecodeMessage(Body(*f));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->type, MessageType::kAllReduceFrame);
+  EXPECT_EQ(d->job, "job-1");
+  EXPECT_EQ(d->tensor_key, "layer.0.grad");
+  EXPECT_EQ(d->op, ReduceOp::kAvg);
+  EXPECT_EQ(d->timeout_ms, 7000u);
+  EXPECT_EQ(d->data, m.data);
+  EXPECT_STREQ(MessageTypeName(MessageType::kAllReduceFrame), "all-reduce-frame");
+  // The head plus the data is the whole frame (how the client sends it).
+  auto head = EncodeMessageHead(m, m.data.size());
+  ASSERT_TRUE(head.ok());
+  std::vector<uint8_t> joined = *head;
+  joined.insert(joined.end(), m.data.begin(), m.data.end());
+  EXPECT_EQ(joined, *f);
+
+  m.op = ReduceOp::kMax;
+  auto refused = EncodeMessage(m);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("op max is not supported"), std::string::npos)
+      << refused.status();
+  // The same on the wire: the op byte follows type, job (2 + 5) and key (2 + 12).
+  std::vector<uint8_t> body = Body(*f);
+  body[1 + 7 + 14] = static_cast<uint8_t>(ReduceOp::kMin);
+  auto bad = DecodeMessage(body);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("op min is not supported"), std::string::npos)
+      << bad.status();
+  body[1 + 7 + 14] = 99;
+  bad = DecodeMessage(body);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("op 99"), std::string::npos) << bad.status();
+  // Every truncation before the data is an error, never a read past the body.
+  const std::vector<uint8_t> whole = Body(*f);
+  for (size_t n = 0; n < 1 + 7 + 14 + 1 + 4; ++n) {
+    EXPECT_FALSE(DecodeMessage(std::span<const uint8_t>(whole).first(n)).ok()) << n;
+  }
+}
+
+}  // namespace
+}  // namespace strait::gateway
