@@ -9,11 +9,15 @@
 #   iperf3 -P 1 and -P 8 with the same congestion control;
 #   flowcap: a per-flow policer at 20% of the link (as clouds cap single flows), bbr;
 #   tls-cost: strait-bench TLS against plain TCP on a 1 Gbit/s, 1 ms RTT emulated link.
-# CASES selects a subset (default "wan flowcap tls"). Every measurement: SECONDS_PER (15) after
-# WARMUP (10) seconds of warm-up, the same for both tools (iperf3 -O omits it). 10 s because
-# adaptive streams settle within about that (behind a per-flow policer: 4 -> 8 -> 16, back to
-# 8), and a gateway's links live for hours: a shorter window (8 s after 5) measures the climb
-# and a probe that does not pay (87 Mbit/s there against 96 here). The warm-up is
+# CASES selects a subset (default "wan flowcap tls"); LOSSES (default "0 0.1% 1%") and CCS
+# (default "bbr cubic") narrow the wan case; IPERF=0 skips iperf3 (its columns read "-" and
+# only the link goal is checked), for a quick look at one case, e.g.
+#   sudo CASES=wan LOSSES=0.1% CCS=cubic IPERF=0 bench/link_vs_iperf.sh build/release
+# Every measurement: SECONDS_PER (15) after WARMUP (10) seconds of warm-up, the same for both
+# tools (iperf3 -O omits it). 10 s because adaptive streams settle within about that (behind a
+# per-flow policer: 4 -> 8 -> 16, kept or back to 8), and a gateway's links live for hours: a
+# shorter window (8 s after 5) measures the climb and a probe that does not pay (87 Mbit/s
+# there against 96 here). The warm-up is
 # that long because a window must not count data sent before it: after a start-up overshoot
 # the receiver holds out-of-order data behind losses, and its release inside a window that
 # began 2 s in read up to 5% above what TCP can carry (96.5 Mbit/s of payload at 100 Mbit/s).
@@ -27,6 +31,9 @@ WANEM=$(realpath "$BUILD/bench/wanem/strait-wanem")
 SECONDS_PER=${SECONDS_PER:-15}
 WARMUP=${WARMUP:-10}
 CASES=${CASES:-wan flowcap tls}  # a subset, e.g. CASES=tls
+LOSSES=${LOSSES:-0 0.1% 1%}      # loss levels of the wan case
+CCS=${CCS:-bbr cubic}            # congestion controls of the wan case
+IPERF=${IPERF:-1}                # 0: strait-bench only
 NAME=lvi
 SERVER=10.201.1.1
 PORT=7411
@@ -34,7 +41,8 @@ PORT=7411
 die() { echo "link_vs_iperf: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem creates network namespaces)"
 [[ -x $BENCH && -x $WANEM ]] || die "build strait-bench and strait-wanem in $BUILD first"
-command -v iperf3 >/dev/null || die "iperf3 is not installed (apt-get install iperf3)"
+[[ $IPERF == 0 ]] || command -v iperf3 >/dev/null ||
+  die "iperf3 is not installed (apt-get install iperf3)"
 command -v openssl >/dev/null || die "openssl is not installed"
 
 TMP=$(mktemp -d /tmp/strait-lvi-XXXXXX)
@@ -70,7 +78,7 @@ in_region() { local r=$1; shift; "$WANEM" exec --name "$NAME" "$r" -- "$@"; }
 up() {
   "$WANEM" down --name "$NAME" >/dev/null 2>&1 || true
   "$WANEM" up --name "$NAME" --regions 2 --link "$1" >/dev/null
-  in_region 1 iperf3 -s -B "$SERVER" -D -I "$TMP/iperf3.pid" >/dev/null
+  [[ $IPERF == 0 ]] || in_region 1 iperf3 -s -B "$SERVER" -D -I "$TMP/iperf3.pid" >/dev/null
   start_strait_server "${@:2}"
 }
 start_strait_server() {
@@ -91,8 +99,10 @@ down() {
   "$WANEM" down --name "$NAME" >/dev/null
 }
 
-# iperf3 receiver goodput in Mbit/s: $1 = parallel streams, $2 = congestion control.
+# iperf3 receiver goodput in Mbit/s: $1 = parallel streams, $2 = congestion control ("-" with
+# IPERF=0).
 iperf() {
+  [[ $IPERF == 0 ]] && { echo "-"; return; }
   in_region 0 iperf3 -c "$SERVER" -P "$1" -C "$2" -t "$SECONDS_PER" -O "$WARMUP" -f m 2>&1 |
     awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") v = $(i - 1) }
          END { print (v == "" ? "0" : v) }'
@@ -110,16 +120,35 @@ strait() {
 
 ROWS=()
 row() { ROWS+=("$(printf '%s|' "$@")"); echo "  $*" >&2; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
-max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a > b ? a : b) }'; }
-check() { if awk "BEGIN { exit !($1) }"; then echo PASS; else echo MISS; fi; }
+# Both print "-" when a figure is "-" (IPERF=0).
+ratio() {
+  [[ $2 == - ]] && { echo "-"; return; }
+  awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'
+}
+max() {
+  [[ $1 == - || $2 == - ]] && { echo "-"; return; }
+  awk -v a="$1" -v b="$2" 'BEGIN { print (a > b ? a : b) }'
+}
+# With IPERF=0 the iperf3 figures are "-": the terms of a goal that need them are left out
+# ("n/a" when none is left).
+check() {
+  local cond=$1 term kept=()
+  if [[ $IPERF == 0 ]]; then
+    IFS='|' read -ra terms <<<"${cond//&&/|}"
+    for term in "${terms[@]}"; do [[ -z $term || $term == *'* -'* ]] || kept+=("$term"); done
+    ((${#kept[@]})) || { echo "n/a"; return; }
+    cond=$(printf '%s&&' "${kept[@]}")
+    cond=${cond%&&}
+  fi
+  if awk "BEGIN { exit !($cond) }"; then echo PASS; else echo MISS; fi
+}
 
 LINK=100
 echo "link_vs_iperf: $SECONDS_PER s per measurement after $WARMUP s warm-up; about 11 minutes" >&2
-for loss in 0 0.1% 1%; do
+for loss in $LOSSES; do
   [[ $CASES == *wan* ]] || break
   up "100mbit,50ms,loss=$loss" "${TLS_SERVER[@]}"
-  for cc in bbr cubic; do
+  for cc in $CCS; do
     s=$(strait --cc "$cc" "${TLS_CLIENT[@]}")
     k=$(cat "$TMP/streams_end" 2>/dev/null || echo "?")
     p1=$(iperf 1 "$cc")

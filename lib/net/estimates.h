@@ -8,8 +8,11 @@
 namespace strait::net {
 
 struct LinkEstimates {
-  // Acknowledged payload bytes per second, an EWMA over intervals in which the link had data to
-  // send (an idle link keeps its last estimate instead of decaying to zero). 0 = not measured.
+  // Acknowledged payload bytes per second: per-chunk delivery-rate samples (bytes delivered over
+  // the longer of the chunk's cut and ack intervals, so bunched acks cannot inflate one), averaged
+  // per 250 ms window in which the link had data to send and smoothed by an EWMA with a 0.7 s
+  // time constant (an idle link keeps its last estimate instead of decaying to zero).
+  // 0 = not measured.
   double goodput_bytes_per_s = 0;
   // Round-trip time from ping/pong records, which queue behind data in the stream (so this is
   // the RTT a chunk sees, not the path's: see PathRttNs in adapt.h). 0 = not measured yet.

@@ -49,6 +49,7 @@ using TlsStream = asio::ssl::stream<tcp::socket>;
 
 constexpr int64_t kTickNs = 50'000'000;
 constexpr int64_t kGoodputWindowNs = 250'000'000;
+constexpr double kGoodputTauNs = 700'000'000;
 // An adaptation round lasts max(kAdaptWindowNs, 10 RTT); after K changed, the new streams get
 // max(kSettleNs, 4 RTT) to leave slow start before a round measures them. 1.5 s: at 100 ms RTT
 // the start-up of four new BBR streams behind a per-flow policer disturbed the pool's goodput
@@ -790,7 +791,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
         std::vector<Completion> completions;
         STRAIT_RETURN_IF_ERROR(send_.OnAck(ack, &acked, &completions));
         est_.bytes_acked += acked;
-        window_acked_ += acked;
+        SampleDelivery(ack, acked);
         PumpAll();
         Finish(std::move(completions));
         MaybeFinishClose();
@@ -851,6 +852,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     if (state_ == State::kActive && !stream->close_after_write && !stream->retiring) {
       if (const OutChunk* chunk =
               send_.Next(stream->slot, chunk_bytes_, options_.max_inflight_per_stream)) {
+        StampSent(*chunk);
         AppendDataRecordHeaders(chunk->header(), chunk->length, &stream->out);
         stream->out.insert(stream->out.end(), chunk->payload(),
                            chunk->payload() + chunk->length);
@@ -933,18 +935,28 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     est_.tcp_retransmissions = retrans;
     est_.tcp_rtt_ns = tcp_rtt_n > 0 ? tcp_rtt_sum / tcp_rtt_n : 0;
 
-    // Goodput: only windows in which the link had something to send count.
+    // Goodput: the mean of the window's delivery-rate samples (see SampleDelivery), in windows
+    // in which the link had something to send. A window without an ack changes nothing: acks
+    // that wait behind the peer's chunks leave gaps, and the samples that follow them are not
+    // inflated by the wait.
     window_busy_ = window_busy_ || !send_.idle();
     if (now - window_start_ns_ >= kGoodputWindowNs) {
-      const double rate = static_cast<double>(window_acked_) * 1e9 /
-                          static_cast<double>(now - window_start_ns_);
-      if (window_busy_ && window_acked_ > 0) {
+      if (window_busy_ && window_samples_ > 0) {
+        // An EWMA with a time constant rather than a weight per window: windows without
+        // samples (acks come only every few windows when they wait behind large chunks) must
+        // not slow the estimate down. 0.7 s weighs a window of 250 ms by 0.3 as before.
+        const double rate = window_rate_sum_ / static_cast<double>(window_samples_);
+        const double alpha =
+            1 - std::exp(-static_cast<double>(now - goodput_updated_ns_) / kGoodputTauNs);
         est_.goodput_bytes_per_s = est_.goodput_bytes_per_s == 0
                                        ? rate
-                                       : 0.7 * est_.goodput_bytes_per_s + 0.3 * rate;
+                                       : est_.goodput_bytes_per_s +
+                                             alpha * (rate - est_.goodput_bytes_per_s);
+        goodput_updated_ns_ = now;
       }
       window_start_ns_ = now;
-      window_acked_ = 0;
+      window_rate_sum_ = 0;
+      window_samples_ = 0;
       window_busy_ = !send_.idle();
     }
     AdaptTick(now);
@@ -963,6 +975,58 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
       return;
     }
     Publish();
+  }
+
+  // ---- Delivery-rate samples ------------------------------------------------------------------
+  //
+  // The goodput estimate is built from delivery-rate samples taken as BBR takes them (per
+  // packet there, per chunk here): when a chunk is cut it records how many bytes the link had
+  // delivered (acknowledged) so far, when the last ack before it arrived, and when the newest
+  // chunk acknowledged by then was cut. When an ack covers it, the bytes delivered since, divided
+  // by the longer of the two intervals (between the cuts, between the acks), is one sample.
+  // Counting acked bytes per interval of arrival instead read up to several times the real rate
+  // on a link busy both ways: acks queue behind the peer's chunks (a stream writes a whole
+  // chunk before the next ack can go out) and arrive late and bunched, and the bunch then
+  // counted as goodput of the interval it landed in; bigger chunks, chosen from the inflated
+  // estimate, made the acks later still. A bunch shortens the interval between acks but not the
+  // one between the cuts it covers, so it cannot inflate a sample; a sample over less than the
+  // path's RTT is too short to mean anything and is dropped.
+
+  void StampSent(const OutChunk& chunk) {
+    const int64_t now = MonotonicNanos();
+    if (stamps_.empty()) {
+      // Nothing in flight: intervals start now, so that idle time never counts as slow delivery.
+      delivered_ns_ = now;
+      first_sent_ns_ = now;
+    }
+    stamps_[chunk.seq] = SentStamp{now, delivered_, delivered_ns_, first_sent_ns_};
+  }
+
+  void SampleDelivery(const Ack& ack, uint64_t acked) {
+    const int64_t now = MonotonicNanos();
+    delivered_ += acked;
+    // The newest chunk this ack covers (SendBook already checked the ack's ranges).
+    std::optional<SentStamp> newest;
+    auto take = [&](std::map<uint64_t, SentStamp>::iterator it) {
+      if (!newest || it->second.sent_ns >= newest->sent_ns) newest = it->second;
+      return stamps_.erase(it);
+    };
+    for (auto it = stamps_.begin(); it != stamps_.end() && it->first < ack.cumulative;) {
+      it = take(it);
+    }
+    for (const AckRange& range : ack.ranges) {
+      auto it = stamps_.lower_bound(range.begin);
+      while (it != stamps_.end() && it->first < range.end) it = take(it);
+    }
+    if (!newest) return;
+    const int64_t interval =
+        std::max(newest->sent_ns - newest->first_sent_ns, now - newest->delivered_ns);
+    first_sent_ns_ = newest->sent_ns;
+    delivered_ns_ = now;
+    if (interval <= 0 || interval < BaseRttNs()) return;
+    window_rate_sum_ +=
+        static_cast<double>(delivered_ - newest->delivered) * 1e9 / static_cast<double>(interval);
+    ++window_samples_;
   }
 
   // The propagation RTT (the kernel's minimum, else the least ping RTT): the bandwidth-delay
@@ -1103,6 +1167,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     est_.ended = true;
     std::vector<Completion> completions;
     send_.FailAll(status, &completions);
+    stamps_.clear();
     est_.send_failures += completions.size();
     tick_.cancel();
     redial_timers_.clear();
@@ -1173,8 +1238,21 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   uint32_t chunk_bytes_;
   StreamCountController controller_;
   int64_t window_start_ns_ = 0;
-  uint64_t window_acked_ = 0;
+  int64_t goodput_updated_ns_ = 0;  // when the goodput EWMA last took a window
+  double window_rate_sum_ = 0;  // delivery-rate samples of the current goodput window
+  int window_samples_ = 0;
   bool window_busy_ = false;
+  // Delivery-rate sampling (see SampleDelivery): per chunk in flight, the state when it was cut.
+  struct SentStamp {
+    int64_t sent_ns = 0;
+    uint64_t delivered = 0;    // bytes acknowledged on the link when the chunk was cut
+    int64_t delivered_ns = 0;  // when the last ack before the cut arrived
+    int64_t first_sent_ns = 0;  // when the newest chunk acknowledged by then was cut
+  };
+  std::map<uint64_t, SentStamp> stamps_;
+  uint64_t delivered_ = 0;
+  int64_t delivered_ns_ = 0;
+  int64_t first_sent_ns_ = 0;
   bool settling_ = false;
   int64_t settle_began_ns_ = 0;
   int64_t adapt_start_ns_ = 0;

@@ -55,13 +55,15 @@ enum class Transport : uint8_t {
 // Adaptation is on by default (since the per-flow-cap WAN test showed it converging). A round is
 // max(1 s, 10 RTT) of busy link, measured after new streams had max(1.5 s, 4 RTT) to leave slow
 // start; its goodput is the data cut during the round that the peer acknowledged (read two RTTs
-// after it). K starts at `streams` and doubles each round while the doubling raised goodput by
-// at least 10% (per-flow caps and loss-bound cubic need tens of streams), quadrupling after a
-// near-linear gain (4 -> 8 -> 32 -> 64); a doubling that did not pay goes back, never below the
-// start. Then K holds for 20 rounds and probes upwards again; it stays within [min_streams,
-// max_streams]. Streams taken out are retired (drained, no resends). The chunk size follows a
-// quarter of one stream's share of bandwidth x path RTT (the kernel's minimum RTT). Set
-// adapt_streams / adapt_chunk to false for a fixed K or chunk size. See StreamCountController.
+// after it). K starts at `streams` and doubles while the doubling raised the mean goodput of its
+// two (or three) rounds by at least 10% (per-flow caps and loss-bound cubic need tens of
+// streams), quadrupling after a near-linear gain (4 -> 8 -> 32 -> 64); a doubling that gained
+// 5-10%, or (once, right after one that paid) that neither gained nor lost, is kept; any other
+// goes back, never below the start. Then K holds for 20 rounds and probes upwards again; it
+// stays within [min_streams, max_streams]. Streams taken out are retired (drained, no
+// resends). The chunk size follows a quarter of one stream's share of bandwidth x path RTT (the
+// kernel's minimum RTT). Set adapt_streams / adapt_chunk to false for a fixed K or chunk size.
+// See StreamCountController.
 struct LinkOptions {
   // K, the number of streams a dialed link opens (1..64). With adapt_streams it is the start,
   // and must lie within [min_streams, max_streams].

@@ -3,9 +3,10 @@
 // 0-1 and 0-2 at 16 Mbit/s, 1 -> 2 at 2 Mbit/s (slow enough that every link stays busy for
 // several of the estimator's 250 ms windows with small tensors, and a skew that measurement noise
 // on a loaded machine cannot hide). Only one direction is slow: a pair counts at its slower
-// direction, and the acknowledgements of 1 -> 2 then return on a fast link. (With both
-// directions slow, they queue behind the reverse bulk data, arrive in bursts, and net::Link's
-// goodput estimate reads the slow pair several times too high.) The gateways measure their
+// direction, and the acknowledgements of 1 -> 2 then return on a fast link. (Until 2026-11-30,
+// with both directions slow, bunched acknowledgements made net::Link's goodput estimate read the
+// slow pair several times too high; its delivery-rate samples now follow delivery, held by
+// NetLinkWan.GoodputEstimateFollowsDeliveryWithBulkBothWays.) The gateways measure their
 // links while they carry a first job's all-reduce, exchange the rates, and every one of them
 // cuts the next job's tensor the same way: the reply's "shards=" names an unequal split that
 // follows the rates (the balanced split for 16/16/2 is 15/17, 1/17, 1/17: regions 1 and 2 share

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 namespace strait::net {
@@ -140,37 +141,48 @@ TEST(StreamCountController, DoublesWhileGoodputGrowsThenSettlesOnTheBest) {
   StreamCountController k(1, 1, 64, 0.10, 10);
   // A per-flow cap: goodput linear up to 5 streams, then flat.
   auto goodput = [](int streams) { return 100.0 * std::min(streams, 5); };
-  const std::vector<int> visited = RunRounds(k, 8, goodput);
-  // Two rounds at the start, then 1 -> 2 (twice the goodput: linear, so the next step
-  // quadruples) -> 8 (+150%) -> 16 (+0% in both of its rounds): back to 8, and hold.
-  EXPECT_EQ(visited, (std::vector<int>{1, 2, 8, 16, 16, 8, 8, 8}));
-  EXPECT_EQ(k.Update(goodput(8), false), 8);  // idle rounds change nothing
-  EXPECT_EQ(k.Update(0, true), 8);            // nor rounds without a measurement
+  const std::vector<int> visited = RunRounds(k, 9, goodput);
+  // Two rounds at the start, then two per step: 1 -> 2 (twice the goodput: linear, so the next
+  // step quadruples) -> 8 (+150%) -> 16 (+0%, but no loss right after a step that paid): kept,
+  // and hold.
+  EXPECT_EQ(visited, (std::vector<int>{1, 2, 2, 8, 8, 16, 16, 16, 16}));
+  EXPECT_EQ(k.Update(goodput(16), false), 16);  // idle rounds change nothing
+  EXPECT_EQ(k.Update(0, true), 16);             // nor rounds without a measurement
 }
 
 TEST(StreamCountController, ReachesTensOfStreamsWhenEachStreamIsLossBound) {
   // Cubic at 1% loss on a 100 ms path: ~1.7 Mbit/s per stream up to the link's 96.
   StreamCountController k(4, 1, 64, 0.10, 10);
   auto goodput = [](int streams) { return std::min(1.7e6 * streams, 96e6) / 8; };
-  const std::vector<int> visited = RunRounds(k, 6, goodput);
+  const std::vector<int> visited = RunRounds(k, 8, goodput);
   // Each step doubles the goodput, so after the first doubling K quadruples: 8 -> 32 -> 64.
-  EXPECT_EQ(visited, (std::vector<int>{4, 8, 32, 64, 64, 64}));
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 32, 32, 64, 64, 64}));
 }
 
 TEST(StreamCountController, MaxStreamsCapsTheDoubling) {
   StreamCountController k(1, 1, 10, 0.10, 10);
   auto goodput = [](int streams) { return 100.0 * streams; };
-  EXPECT_EQ(RunRounds(k, 5, goodput), (std::vector<int>{1, 2, 8, 10, 10}));
+  EXPECT_EQ(RunRounds(k, 8, goodput), (std::vector<int>{1, 2, 2, 8, 8, 10, 10, 10}));
 }
 
 TEST(StreamCountController, SmallGainIsNotWorthTwiceTheStreams) {
   StreamCountController k(4, 1, 64, 0.10, 100);
   EXPECT_EQ(k.Update(450, true), 4);  // the start-up round: not the reference
   EXPECT_EQ(k.Update(400, true), 8);
-  EXPECT_EQ(k.Update(420, true), 8);  // +5%: one more round
-  EXPECT_EQ(k.Update(430, true), 4);  // +7.5%: not worth four more streams
+  EXPECT_EQ(k.Update(440, true), 8);  // +10%, but one round decides nothing
+  EXPECT_EQ(k.Update(384, true), 4);  // mean +3%: not worth four more streams
   EXPECT_EQ(k.Update(400, true), 4);  // holds
   EXPECT_EQ(k.Update(400, true), 4);
+}
+
+TEST(StreamCountController, AGainShortOfTheBarTakesAThirdRoundAndKeepsTheStep) {
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  EXPECT_EQ(k.Update(450, true), 4);
+  EXPECT_EQ(k.Update(400, true), 8);
+  EXPECT_EQ(k.Update(420, true), 8);
+  EXPECT_EQ(k.Update(430, true), 8);  // mean +6.25%: above half the bar, so a third round
+  EXPECT_EQ(k.Update(430, true), 8);  // mean +6.7%: kept (going back costs a dip), not grown
+  EXPECT_EQ(k.Update(430, true), 8);  // holds
 }
 
 TEST(StreamCountController, AFailedDoublingGoesBackToItsBaseAndNeverBelow) {
@@ -182,10 +194,12 @@ TEST(StreamCountController, AFailedDoublingGoesBackToItsBaseAndNeverBelow) {
 }
 
 TEST(StreamCountController, GoesBackToAKThatPaid) {
-  // 16 -> 32 paid; 64 adds nothing: back to 32.
+  // 16 -> 32 paid; 64 loses 10%: back to 32.
   StreamCountController k(16, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return 100.0 * std::min(streams, 32); };
-  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{16, 32, 64, 64, 32, 32}));
+  auto goodput = [](int streams) {
+    return 100.0 * std::min(streams, 32) * (streams > 32 ? 0.9 : 1);
+  };
+  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{16, 32, 32, 64, 64, 32}));
 }
 
 TEST(StreamCountController, ProbesUpAgainAfterHolding) {
@@ -195,16 +209,112 @@ TEST(StreamCountController, ProbesUpAgainAfterHolding) {
   EXPECT_EQ(RunRounds(k, 4, goodput), (std::vector<int>{4, 8, 8, 4}));
   cap = 16;
   // Holds three rounds at 4, then grows while it pays: 8 (linear, so quadruple) -> 32 (+100%)
-  // -> 64 (nothing more): back to 32, where 16 would do as well -- the price of growing fast.
-  EXPECT_EQ(RunRounds(k, 8, goodput), (std::vector<int>{4, 4, 8, 32, 64, 64, 32, 32}));
+  // -> 64 (nothing more, nothing less, right after a step that paid): kept, where 16 would do
+  // as well -- the price of growing fast and of not trusting a base's first rounds.
+  EXPECT_EQ(RunRounds(k, 10, goodput),
+            (std::vector<int>{4, 4, 8, 8, 32, 32, 64, 64, 64, 64}));
 }
 
 TEST(StreamCountController, DoublesOnlyWhereGoodputGrewLessThanLinearly) {
-  // A policer at a fifth of the link: 4 -> 8 adds 25%, not 85% of the doubling, so 16 is next
-  // (not 32); 16 adds nothing: back to 8.
+  // A policer at a fifth of the link: 4 -> 8 adds 25%, not 85% of the doubling, so after its
+  // second round 16 is next (not 32); 16 adds nothing and loses 10%: back to 8.
   StreamCountController k(4, 1, 64, 0.10, 100);
-  auto goodput = [](int streams) { return 20.0 * std::min(streams, 5); };
-  EXPECT_EQ(RunRounds(k, 6, goodput), (std::vector<int>{4, 8, 16, 16, 8, 8}));
+  auto goodput = [](int streams) {
+    return 20.0 * std::min(streams, 5) * (streams > 8 ? 0.9 : 1);
+  };
+  EXPECT_EQ(RunRounds(k, 7, goodput), (std::vector<int>{4, 8, 8, 16, 16, 8, 8}));
+}
+
+// Feeds the controller scripted goodput: the n-th round at K reads rounds[K][n] (the last one
+// repeats once a list runs out); returns the K visited after each round.
+std::vector<int> RunScript(StreamCountController& k, int rounds,
+                           std::map<int, std::vector<double>> script) {
+  std::map<int, size_t> seen;
+  std::vector<int> visited;
+  int last = k.streams();
+  for (int round = 0; round < rounds; ++round) {
+    const int streams = k.streams();
+    if (streams != last) seen[streams] = 0;  // a new visit starts the K's list again
+    last = streams;
+    const std::vector<double>& list = script.at(streams);
+    const double goodput = list[std::min(seen[streams]++, list.size() - 1)];
+    visited.push_back(k.Update(goodput * 1e6 / 8, true));
+  }
+  return visited;
+}
+
+TEST(StreamCountController, NoisyRoundsOfCubicAtATenthPercentLossStillReachSixteen) {
+  // Cubic at 0.1% loss, 100 Mbit/s, 100 ms RTT (Mbit/s; fixed-K means 79 at 8, 98 at 16, 104
+  // at 32): a loss halves one stream's window, so rounds swing. 8's first round is lucky (92).
+  // Judged on single rounds, that round passed 8 and stood as its reference, so 16 (95, 100)
+  // never showed +10% and K fell back to 8 for good: 55 Mbit/s in bench/link_vs_iperf.sh.
+  // On means, 8 reads 79 and 16 reads 97.5 (+23%); 32 gains +5.6% (a third round: +6%),
+  // short of the bar for growing further but enough to keep.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  const std::map<int, std::vector<double>> script = {
+      {4, {60, 55}}, {8, {92, 66}}, {16, {95, 100}}, {32, {104, 102, 104}}};
+  EXPECT_EQ(RunScript(k, 11, script),
+            (std::vector<int>{4, 8, 8, 16, 16, 32, 32, 32, 32, 32, 32}));
+}
+
+TEST(StreamCountController, NoGainRightAfterAPaidStepKeepsTheStepOnce) {
+  // Cubic at 0.1% loss near the link's capacity: 8's rounds read its new streams' start-up
+  // (93 Mbit/s, where 8 carry 60-79 once settled), so 16 shows no gain against them. No loss
+  // either, right after 4 -> 8 paid: 16 is kept. The next probe (32, no gain) goes back to 16:
+  // the rule does not chain, so a path where K does not matter climbs one step at most.
+  StreamCountController k(4, 1, 64, 0.10, 2);
+  const std::map<int, std::vector<double>> script = {
+      {4, {60, 55}}, {8, {93, 92}}, {16, {93, 94, 94, 94}}, {32, {94, 93}}};
+  EXPECT_EQ(RunScript(k, 11, script),
+            (std::vector<int>{4, 8, 8, 16, 16, 16, 16, 32, 32, 16, 16}));
+}
+
+TEST(StreamCountController, ALossRightAfterAPaidStepStillGoesBack) {
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  const std::map<int, std::vector<double>> script = {{4, {60, 55}}, {8, {93, 92}}, {16, {85, 84}}};
+  EXPECT_EQ(RunScript(k, 8, script), (std::vector<int>{4, 8, 8, 16, 16, 8, 8, 8}));
+}
+
+TEST(StreamCountController, OneLuckyRoundDoesNotPassAStep) {
+  // Goodput does not depend on K (a link-bound path), but 8's first round reads +15%.
+  StreamCountController k(4, 1, 64, 0.10, 100);
+  const std::map<int, std::vector<double>> script = {{4, {100, 100}}, {8, {115, 100, 98}}};
+  EXPECT_EQ(RunScript(k, 7, script), (std::vector<int>{4, 8, 8, 8, 4, 4, 4}));
+}
+
+TEST(StreamCountController, AHeldKIsJudgedOnItsRecentMeanNotItsLastRound) {
+  // Held at 4, the last round before the probe is a dip (80 against 100): against that round
+  // alone, 8's flat 95 would read +19%. Against the mean of the last three (93.3) it is +2%:
+  // back to 4.
+  StreamCountController k(4, 1, 64, 0.10, 5);
+  EXPECT_EQ(k.Update(100, true), 4);
+  EXPECT_EQ(k.Update(100, true), 8);
+  EXPECT_EQ(k.Update(100, true), 8);
+  EXPECT_EQ(k.Update(100, true), 4);  // no gain: hold for five rounds
+  EXPECT_EQ(k.Update(100, true), 4);
+  EXPECT_EQ(k.Update(100, true), 4);
+  EXPECT_EQ(k.Update(100, true), 4);
+  EXPECT_EQ(k.Update(100, true), 4);
+  EXPECT_EQ(k.Update(80, true), 8);  // the probe
+  EXPECT_EQ(k.Update(95, true), 8);
+  EXPECT_EQ(k.Update(95, true), 4);
+}
+
+TEST(StreamCountController, RoundToRoundNoiseDoesNotGrowKOnABandwidthBoundPath) {
+  // BBR filling the link with 4 streams: every K reads 93 Mbit/s +-5% from round to round.
+  // Over many probes K never stays above its start.
+  StreamCountController k(4, 1, 64, 0.10, 4);
+  uint64_t x = 12345;
+  int above = 0;
+  for (int round = 0; round < 200; ++round) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const double noise = static_cast<double>(x >> 11) * 0x1.0p-53 * 0.10 - 0.05;
+    const int next = k.Update(93e6 / 8 * (1 + noise), true);
+    EXPECT_LE(next, 8);
+    if (next > 4) ++above;
+  }
+  // Each probe costs two or three rounds at 8, once every few rounds of holding.
+  EXPECT_LT(above, 200 / 2);
 }
 
 TEST(StreamCountController, StaysWithinItsBounds) {
