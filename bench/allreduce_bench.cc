@@ -35,6 +35,7 @@
 #include "bench/wanem/netns.h"
 #include "collective/plan.h"
 #include "common/clock.h"
+#include "common/strings.h"
 #include "common/units.h"
 #include "gateway/client.h"
 #include "gateway/config.h"
@@ -1388,7 +1389,7 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
       }
     }
     std::string list;
-    for (const std::string& a : addrs) list += (list.empty() ? "" : ",") + a;
+    for (const std::string& a : addrs) AppendToList(list, a, ",");
     StatusOr<RunResult> ring =
         RunRanks(f, c, "ring", "none", "ring", {"--ring-addrs", list}, &progress);
     if (!ring.ok()) return fail(ring.status());

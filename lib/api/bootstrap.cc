@@ -1,5 +1,6 @@
 // The region rendezvous of host-backend comms (see bootstrap.h): blocking sockets with poll().
 #include "api/bootstrap.h"
+#include "common/strings.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -252,7 +253,7 @@ StatusOr<std::vector<RankAddress>> RunRoot(const BootstrapOptions& o, Deadline d
     if (!w.ok()) {
       std::string missing;
       for (int r = 1; r < o.nranks; ++r) {
-        if (joined.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (joined.count(r) == 0) AppendToList(missing, std::to_string(r));
       }
       failure = DeadlineExceededError("rank 0 of region " + o.region + " waited at " + where +
                                       " for rank(s) " + missing +

@@ -15,6 +15,7 @@
 #include "collective/net_transport.h"
 #include "collective/plan.h"
 #include "common/clock.h"
+#include "common/strings.h"
 #include "gateway/client.h"
 #include "net/link.h"
 #include "strait/codec.h"
@@ -240,7 +241,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     std::string missing;
     for (int p = 0; p < m; ++p) {
       if (p != options.rank && g.transport->PeerIncarnation(p) == 0) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+        AppendToList(missing, std::to_string(p));
       }
     }
     if (missing.empty()) break;

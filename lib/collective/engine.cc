@@ -10,6 +10,7 @@
 
 #include "codec/crc32c.h"
 #include "codec/frame.h"
+#include "common/strings.h"
 #include "strait/reduce.h"
 
 namespace strait::collective::internal {
@@ -65,7 +66,7 @@ Status ExpectedCodec(const OpContext& ctx, std::span<const uint8_t> frame, const
   STRAIT_RETURN_IF_ERROR(InChunk(InspectFrame(frame).status(), step, chunk));
   std::string accepted;
   for (CodecId c : r.accept_codecs) {
-    accepted += std::string(accepted.empty() ? "" : ", ") + CodecName(c);
+    AppendToList(accepted, CodecName(c));
   }
   return InChunk(InvalidArgumentError(std::string("codec mismatch: the frame is ") +
                                       CodecName(named) + ", this operation accepts " + accepted +

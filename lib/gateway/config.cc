@@ -3,6 +3,7 @@
 // Validation walks the document table by table with a Reader that remembers which keys it
 // consumed; whatever is left over is an unknown key. The first problem found becomes the one
 // error returned, so the operator fixes one clear thing at a time.
+#include "common/strings.h"
 #include "gateway/config.h"
 
 #include <algorithm>
@@ -243,7 +244,7 @@ class Reader {
     read.insert(used_.begin(), used_.end());
     if (read != std::set<std::string>(listed.begin(), listed.end())) {
       std::string names;
-      for (const std::string& name : read) names += (names.empty() ? "" : ", ") + name;
+      for (const std::string& name : read) AppendToList(names, name);
       return InternalError("config parser reads keys [" + names + "] in " +
                            (path_.empty() ? std::string("the top level") : "[" + path_ + "]") +
                            ", which differ from kKnownKeys in lib/gateway/config.cc; add the "

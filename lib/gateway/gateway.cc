@@ -1,4 +1,5 @@
 // The gateway behind straitd (see gateway.h).
+#include "common/strings.h"
 #include "gateway/gateway.h"
 
 #include <poll.h>
@@ -223,9 +224,9 @@ StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string
     auto weights = weights_agreement->Weights(job, round, slice, [this] { return stopping.load(); });
     if (weights.ok() && number.sequence % kWeightsRoundOps == 0) {
       std::string text;
-      for (uint64_t w : *weights) text += (text.empty() ? "" : ",") + std::to_string(w);
+      for (uint64_t w : *weights) AppendToList(text, std::to_string(w), ",");
       std::string rates;
-      for (uint64_t r : EgressRates()) rates += (rates.empty() ? "" : ",") + std::to_string(r);
+      for (uint64_t r : EgressRates()) AppendToList(rates, std::to_string(r), ",");
       STRAIT_LOG(kInfo, kLog) << "job " << job << ": weights round " << round.round << " (epoch "
                               << round.epoch << "): "
                               << (text.empty() ? std::string("equal") : text)

@@ -20,6 +20,7 @@
 #include "strait/codec.h"
 #include "collective/allreduce.h"
 #include "collective/net_transport.h"
+#include "common/strings.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
 #include "gateway/http.h"
@@ -96,7 +97,7 @@ struct Gateway::Impl {
         // A link counts once the peer's hello came over it: numbering needs its incarnation.
         if (static_cast<int>(p) != rank &&
             (links[p] == nullptr || transport->PeerIncarnation(static_cast<int>(p)) == 0)) {
-          missing += (missing.empty() ? "" : ", ") + world[p];
+          AppendToList(missing, world[p]);
         }
       }
       if (missing.empty()) return Status::Ok();

@@ -1,4 +1,5 @@
 // Parsing and clamping of job compression policies (see policy.h).
+#include "common/strings.h"
 #include "gateway/policy.h"
 
 #include <algorithm>
@@ -389,7 +390,7 @@ StatusOr<JobPolicy> MergePolicies(const std::string& job, std::span<const Policy
   if (!IsLossyCodec(m.codec)) m.error_feedback = false;
   if (sorted.size() > 1) {
     std::string regions;
-    for (const PolicyOffer* o : sorted) regions += (regions.empty() ? "" : ", ") + o->region;
+    for (const PolicyOffer* o : sorted) AppendToList(regions, o->region);
     m.note = "agreed by " + regions;
     if (!note.str().empty()) m.note += "; " + note.str();
   } else {
@@ -581,7 +582,7 @@ StatusOr<JobPolicy> PolicyAgreement::Wait(const std::string& job, Deadline deadl
       std::string missing;
       for (size_t r = 0; r < world_.size(); ++r) {
         if (it == jobs_.end() || it->second.offers.count(static_cast<int>(r)) == 0) {
-          missing += (missing.empty() ? "" : ", ") + world_[r];
+          AppendToList(missing, world_[r]);
         }
       }
       return DeadlineExceededError("job \"" + job + "\": no policy from " + missing +
@@ -766,7 +767,7 @@ StatusOr<std::vector<uint64_t>> WeightsAgreement::Weights(const std::string& job
       std::string missing;
       for (int p = 0; p < size_; ++p) {
         if (r == j.rates.end() || r->second.count(p) == 0) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+          AppendToList(missing, std::to_string(p));
         }
       }
       return DeadlineExceededError("job \"" + job + "\": no link rates for weights round " +

@@ -1,4 +1,5 @@
 // Cross-region tunnels in straitd (see tunnel.h).
+#include "common/strings.h"
 #include "gateway/tunnel.h"
 
 #include <poll.h>
@@ -531,7 +532,7 @@ void TunnelService::ServeConnect(int fd, const Message& req) {
   auto it = std::find(options_.world.begin(), options_.world.end(), region);
   if (it == options_.world.end()) {
     std::string known;
-    for (const auto& r : options_.world) known += (known.empty() ? "" : ", ") + r;
+    for (const auto& r : options_.world) AppendToList(known, r);
     return refuse(NotFoundError("region " + region + " is not among this gateway's regions (" +
                                 known +
                                 "); check the listener's handle and peers.* in the "

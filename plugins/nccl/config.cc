@@ -1,4 +1,5 @@
 // Parsing and validation of the plugin's STRAIT_* environment, and interface selection.
+#include "common/strings.h"
 #include "plugins/nccl/config.h"
 
 #include <arpa/inet.h>
@@ -309,7 +310,7 @@ StatusOr<Interface> SelectInterface(const std::string& spec) {
   }
   if (spec.empty()) return SelectInterface("=lo");
   std::string names;
-  for (const std::string& n : seen) names += (names.empty() ? "" : ", ") + n;
+  for (const std::string& n : seen) AppendToList(names, n);
   return InvalidArgumentError("STRAIT_SOCKET_IFNAME=" + Quote(spec) +
                               " matches no interface that is up and has an address; "
                               "allowed: prefixes of (or, with '=', exact) names among: " +
