@@ -36,3 +36,6 @@ if(NOT STRAIT_CUDA STREQUAL "OFF")
     message(STATUS "Strait: no CUDA compiler found; building without GPU kernels (STRAIT_CUDA=AUTO)")
   endif()
 endif()
+
+# NCCL beside the toolkit (library mode's GPU backend, bench's NCCL program).
+include(StraitNccl)

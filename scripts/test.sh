@@ -16,7 +16,7 @@ ctest --preset ci -j"$(nproc)"
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   cmake --preset cuda -DSTRAIT_WERROR=ON >/dev/null
   cmake --build --preset cuda -j"$(nproc)" --target strait_cuda cuda_kernels_test \
-    cuda_kernels_bench strait_nccl_allreduce
+    cuda_kernels_bench strait_nccl_allreduce strait_api nccl_backend_test
   ctest --test-dir build/cuda -L gpu --output-on-failure
 else
   echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"

@@ -138,10 +138,32 @@ strait_result_t strait_host_config_init(strait_host_config_t* config);
  * is left NULL. Thread-safe. */
 strait_result_t strait_comm_init_host(strait_comm_t* comm, const strait_host_config_t* config);
 
-/* The GPU backend: an all-reduce ordered on the caller's CUDA stream over a region-local NCCL
- * communicator. NOT IMPLEMENTED in this release: it returns STRAIT_ERROR_UNSUPPORTED in every
- * build (with or without CUDA) and leaves *comm NULL; use strait_comm_init_host with host
- * buffers meanwhile. Declared so that callers can be written against the final API. */
+/* The GPU backend: device buffers, the caller's CUDA stream and a region-local NCCL communicator.
+ * `nccl_comm` holds this region's ranks only (every region the same number m); its rank r is this
+ * rank's, and `gateway` must be the socket of the straitd whose shard_index is r. region, gateway,
+ * job_id and compression mean what they mean in strait_host_config_t (NULL: $STRAIT_REGION,
+ * $STRAIT_GATEWAY, $STRAIT_JOB_ID, $STRAIT_COMPRESSION); the deadline is 60 s. Blocks until the
+ * gateway registered the job. nccl_comm stays the caller's: destroy it after the Strait comm.
+ *
+ * strait_allreduce on such a comm takes device pointers of nccl_comm's device and a stream (NULL:
+ * the legacy default stream) and returns once the work is enqueued; the result is in recvbuf
+ * when the stream gets there: ncclReduceScatter in the region (a count that m does not divide is
+ * padded in a scratch copy), the GPU quantizer with the error-feedback residual on the GPU (a
+ * fixed lossy policy, sum/avg of float32/bfloat16/float16; otherwise the raw shard), a copy to
+ * pinned memory, the cross-region all-reduce by this comm's worker thread through straitd, a
+ * copy back, dequantize, ncclAllGather in the region. A host function waits on the stream for
+ * the worker: while the gateway works, only that stream's later work waits (and CUDA's host
+ * functions of the process queue behind it); the calling thread never blocks. The first call
+ * with a tensor key (or a new count or dtype for it) allocates device and pinned buffers, which
+ * synchronises the device; later calls do not allocate. Every rank of every region must issue
+ * the same all-reduces in the same order, as with NCCL itself. A failure in the cross-region
+ * step shows at the next call (STRAIT_ERROR_COMM_FAILED, the last error says why); recvbuf of
+ * the failed all-reduce is unspecified. strait_comm_destroy waits (up to the deadline) for the
+ * comm's outstanding work.
+ *
+ * Returns STRAIT_ERROR_UNSUPPORTED, *comm NULL, in a library built without CUDA and NCCL (the
+ * last error says so; such a build needs neither at run time). A library built with them links
+ * the CUDA runtime statically and libnccl.so.2 dynamically. */
 strait_result_t strait_comm_init_nccl(strait_comm_t* comm, struct ncclComm* nccl_comm,
                                       const char* region, const char* gateway, const char* job_id,
                                       const char* compression);

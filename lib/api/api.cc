@@ -13,6 +13,7 @@
 #include <string>
 
 #include "api/host_backend.h"
+#include "api/nccl_backend.h"
 #include "gateway/config.h"
 #include "gateway/policy.h"
 #include "strait/status.h"
@@ -21,9 +22,38 @@
 
 #define STRAIT_API_EXPORT extern "C" __attribute__((visibility("default")))
 
-// The comm behind a strait_comm_t.
+// The comm behind a strait_comm_t: exactly one backend is set.
 struct strait_comm {
   std::unique_ptr<strait::api::HostComm> host;
+#if STRAIT_HAVE_NCCL_BACKEND
+  std::unique_ptr<strait::api::NcclComm> nccl;
+#endif
+
+  bool IsNccl() const {
+#if STRAIT_HAVE_NCCL_BACKEND
+    return nccl != nullptr;
+#else
+    return false;
+#endif
+  }
+  strait::Status Failure() const {
+#if STRAIT_HAVE_NCCL_BACKEND
+    if (nccl) return nccl->Failure();
+#endif
+    return host->Failure();
+  }
+  int rank() const {
+#if STRAIT_HAVE_NCCL_BACKEND
+    if (nccl) return nccl->rank();
+#endif
+    return host->rank();
+  }
+  int nranks() const {
+#if STRAIT_HAVE_NCCL_BACKEND
+    if (nccl) return nccl->nranks();
+#endif
+    return host->nranks();
+  }
 };
 
 namespace strait::api {
@@ -195,6 +225,47 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
   return o;
 }
 
+// Checks the arguments of strait_comm_init_nccl (NULL strings fall back to the environment, as
+// for the host backend) and builds the options, or says which argument is wrong. Runs in every
+// build, so a CPU-only library rejects bad arguments before it says UNSUPPORTED.
+StatusOr<NcclCommOptions> NcclOptions(ncclComm* nccl, const char* region_arg,
+                                      const char* gateway_arg, const char* job_arg,
+                                      const char* compression_arg) {
+  NcclCommOptions o;
+  o.nccl = nccl;
+  auto region = ArgOrEnv(region_arg, "STRAIT_REGION");
+  if (!region) return InvalidArgumentError("region is NULL and STRAIT_REGION is unset");
+  if (!ValidRegion(*region)) {
+    return InvalidArgumentError("region '" + *region +
+                                "' is not a region name (1-63 of a-z 0-9 . _ -)");
+  }
+  o.region = *region;
+  auto gw = ArgOrEnv(gateway_arg, "STRAIT_GATEWAY");
+  if (!gw) return InvalidArgumentError("gateway is NULL and STRAIT_GATEWAY is unset");
+  if (gw->empty() || (*gw)[0] != '/' || gw->size() > 107) {
+    return InvalidArgumentError("gateway '" + *gw +
+                                "' is not the absolute path of a straitd socket (at most 107 "
+                                "bytes)");
+  }
+  o.gateway = *gw;
+  auto job = ArgOrEnv(job_arg, "STRAIT_JOB_ID");
+  if (!job) return InvalidArgumentError("job_id is NULL and STRAIT_JOB_ID is unset");
+  if (!ValidJobId(*job)) {
+    return InvalidArgumentError("job_id '" + *job +
+                                "' is not a job id (1-64 of letters, digits, - _ .)");
+  }
+  o.job = *job;
+  o.compression = ArgOrEnv(compression_arg, "STRAIT_COMPRESSION").value_or("");
+  if (!o.compression.empty()) {
+    auto parsed = gateway::ParsePolicyRequest(o.compression);
+    if (!parsed.ok()) {
+      return InvalidArgumentError("compression '" + o.compression +
+                                  "': " + parsed.status().message());
+    }
+  }
+  return o;
+}
+
 strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf, size_t count,
                               strait_datatype_t dtype, strait_redop_t op, const char* tensor_key,
                               bool keyed, strait_comm_t comm, CUstream_st* stream) {
@@ -204,7 +275,7 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
                        "comm is not a live Strait comm (destroyed, or not created by "
                        "strait_comm_init_*)");
   }
-  if (stream != nullptr) {
+  if (stream != nullptr && !comm->IsNccl()) {
     return BadArgument(fn,
                        "stream must be NULL for a host-backend comm (it runs on the calling "
                        "thread; streams belong to the NCCL backend)");
@@ -220,7 +291,7 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
     return BadArgument(fn, "op " + std::to_string(static_cast<int>(op)) +
                                " is not a strait_redop_t (STRAIT_SUM..STRAIT_AVG)");
   }
-  if (Status failed = comm->host->Failure(); !failed.ok()) {
+  if (Status failed = comm->Failure(); !failed.ok()) {
     return Fail(STRAIT_ERROR_COMM_FAILED,
                 std::string(fn) + ": an earlier all-reduce on this comm failed (" +
                     failed.message() + "); destroy the comm and create a new one on every rank");
@@ -255,6 +326,14 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
   if (!keyed) {
     key = std::string("allreduce.") + DataTypeName(type) + "x" + std::to_string(count);
   }
+#if STRAIT_HAVE_NCCL_BACKEND
+  if (comm->IsNccl()) {
+    Status s = comm->nccl->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key,
+                                     stream);
+    // Returns once enqueued; a failed enqueue fails the comm (as a failed host all-reduce does).
+    return Report(s.WithContext(fn));
+  }
+#endif
   return Report(
       comm->host->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key));
 }
@@ -305,20 +384,32 @@ STRAIT_API_EXPORT strait_result_t strait_comm_init_nccl(strait_comm_t* comm,
                                                         const char* region, const char* gateway,
                                                         const char* job_id,
                                                         const char* compression) {
-  (void)region;
-  (void)gateway;
-  (void)job_id;
-  (void)compression;
   const char* const fn = __func__;
   return Guard(fn, [&] {
     if (comm == nullptr) return BadArgument(fn, "comm is NULL (pass &comm)");
     *comm = nullptr;
     if (nccl_comm == nullptr) return BadArgument(fn, "nccl_comm is NULL");
+    auto options = strait::api::NcclOptions(nccl_comm, region, gateway, job_id, compression);
+    if (!options.ok()) return BadArgument(fn, options.status().message());
+#if STRAIT_HAVE_NCCL_BACKEND
+    auto backend = strait::api::NcclComm::Create(*options);
+    if (!backend.ok()) return strait::api::Report(backend.status().WithContext(fn));
+    auto c = std::make_unique<strait_comm>();
+    c->nccl = std::move(backend).value();
+    {
+      std::lock_guard<std::mutex> lock(strait::api::g_comms_mu);
+      strait::api::LiveComms().insert(c.get());
+    }
+    *comm = c.release();  // taken back by strait_comm_destroy
+    return STRAIT_SUCCESS;
+#else
     return strait::api::Fail(
         STRAIT_ERROR_UNSUPPORTED,
-        "strait_comm_init_nccl: the NCCL (GPU) backend is not implemented in this release of "
-        "Strait; copy the tensor to host memory and use strait_comm_init_host, or use the NCCL "
-        "plugin (NCCL_NET_PLUGIN=strait)");
+        "strait_comm_init_nccl: this libstrait was built without CUDA/NCCL (no nvcc, nccl.h or "
+        "libnccl at build time), so it has no GPU backend; rebuild with the CUDA Toolkit and "
+        "NCCL (-DSTRAIT_CUDA=ON), copy the tensor to host memory and use "
+        "strait_comm_init_host, or use the NCCL plugin (NCCL_NET_PLUGIN=strait)");
+#endif
   });
 }
 
@@ -356,8 +447,8 @@ STRAIT_API_EXPORT strait_result_t strait_comm_rank(strait_comm_t comm, int* rank
                          "comm is not a live Strait comm (destroyed, or not created "
                          "by strait_comm_init_*)");
     }
-    if (rank != nullptr) *rank = comm->host->rank();
-    if (nranks != nullptr) *nranks = comm->host->nranks();
+    if (rank != nullptr) *rank = comm->rank();
+    if (nranks != nullptr) *nranks = comm->nranks();
     return STRAIT_SUCCESS;
   });
 }
