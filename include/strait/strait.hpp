@@ -74,6 +74,17 @@ class Comm {
     return Comm(comm);
   }
 
+  // strait_comm_init_nccl (the GPU backend; nullptr strings come from the environment).
+  static StatusOr<Comm> InitNccl(struct ncclComm* nccl_comm, const char* region = nullptr,
+                                 const char* gateway = nullptr, const char* job_id = nullptr,
+                                 const char* compression = nullptr) {
+    strait_comm_t comm = nullptr;
+    Status s = StatusFromResult(
+        strait_comm_init_nccl(&comm, nccl_comm, region, gateway, job_id, compression));
+    if (!s.ok()) return s;
+    return Comm(comm);
+  }
+
   // strait_allreduce / strait_allreduce_keyed (tensor_key non-empty).
   Status AllReduce(const void* sendbuf, void* recvbuf, size_t count, strait_datatype_t dtype,
                    strait_redop_t op, const std::string& tensor_key = "",

@@ -243,6 +243,11 @@ TEST(StraitApi, NcclInitWithoutTheGpuBackendIsUnsupported) {
             STRAIT_ERROR_UNSUPPORTED);
   EXPECT_EQ(comm, nullptr);
   EXPECT_THAT(LastError(), HasSubstr("built without CUDA/NCCL"));
+  // The C++ wrapper returns the same as a Status.
+  auto wrapped = strait::Comm::InitNccl(fake, "us-east", "/run/s.sock", "job", "none");
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_EQ(wrapped.status().code(), strait::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(wrapped.status().message()), HasSubstr("built without CUDA/NCCL"));
 #endif
 }
 
