@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "strait/strait.h"
+#include "tests/common/free_ports.h"
 
 extern char** environ;
 
@@ -171,25 +172,7 @@ bool HaveDevice(std::string* why) {
   return true;
 }
 
-std::vector<uint16_t> FreePorts(int n) {
-  std::vector<int> fds;
-  std::vector<uint16_t> ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ADD_FAILURE() << "cannot get a free port";
-    }
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
+using strait::test::FreePorts;
 
 pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
             const std::string& log) {

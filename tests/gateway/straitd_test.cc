@@ -25,6 +25,7 @@
 
 #include "gateway/client.h"
 #include "tests/net/test_certs.h"
+#include "tests/common/free_ports.h"
 
 extern char** environ;
 
@@ -35,26 +36,7 @@ constexpr int kRegions = 3;
 const char* const kNames[kRegions] = {"us", "eu", "ap"};
 constexpr size_t kCount = 5000;
 
-// Ports the kernel just handed out for 127.0.0.1 (all held open at once, so they differ).
-std::vector<uint16_t> FreePorts(int n) {
-  std::vector<int> fds;
-  std::vector<uint16_t> ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ADD_FAILURE() << "cannot get a free port";
-    }
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
+using strait::test::FreePorts;
 
 class StraitdBase : public ::testing::Test {
  protected:
