@@ -79,6 +79,24 @@ int64_t PathRttNs(const LinkEstimates& link);
 uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t current,
                           uint32_t min_bytes, uint32_t max_bytes);
 
+// What a round saw of the path besides its goodput: the queue in front of the bottleneck and the
+// losses. Zeros mean unknown, and an unknown signal never stops growth.
+struct RoundSignals {
+  int64_t path_rtt_ns = 0;    // the path's propagation RTT (PathRttNs: the kernel's min RTT)
+  int64_t stream_rtt_ns = 0;  // the streams' kernel smoothed RTT (tcpi_rtt), mean over the round
+  double retrans_per_s = 0;   // TCP retransmissions per second during the round
+};
+
+// A standing queue: the streams' smoothed RTT is above the path's by more than
+// kQueueRttFactor x path + kQueueSlackNs. The slack keeps a few ms of jitter on a short path
+// (loopback, a LAN) from reading as a queue; the factor is what a full bottleneck shows: a one-BDP
+// buffer that stays full doubles the RTT, while loss-bound streams (cubic at 0.1-1% loss, a
+// per-flow policer) never fill one and read within a few percent of the path. False when either
+// RTT is unknown. Pure.
+inline constexpr double kQueueRttFactor = 1.25;
+inline constexpr int64_t kQueueSlackNs = 5'000'000;
+bool QueueBuilding(int64_t path_rtt_ns, int64_t stream_rtt_ns);
+
 // Decides K, the number of streams, from one measurement round at a time (goodput while the
 // link was busy; idle rounds change nothing):
 //   - Growing: K doubles (capped at max_streams) while each doubling raised goodput by at least
@@ -106,13 +124,36 @@ uint32_t ChooseChunkBytes(const LinkEstimates& link, int streams, uint32_t curre
 //     stream but also with four), while every step down cost such a dip (bench/README.md).
 //   - Then it holds for `hold_rounds` rounds (tracking the mean goodput of the last
 //     kMaxRoundsPerStep there) and probes upwards again, as conditions may have changed.
+//   - A full path stops growth (RoundSignals; the rounds' mean queue and loss decide, never one
+//     round). While the streams' RTT shows a standing queue (QueueBuilding), more streams cannot
+//     raise the bottleneck's rate, only take share from the other flows through it -- a sibling
+//     link of the same gateway pair, whose controller then sees its own goodput fall and grows
+//     in turn (64 streams against 4 on one region pair, 65-87k drops, links 58-64% busy where
+//     one stream each filled them). So K never doubles from a queued base (the start, or a
+//     held K at the end of its hold: the hold starts over), and a step that paid but shows a
+//     queue is measured again as a start (two more rounds, the first left out: the start-up of
+//     its new streams queues for a while) and held unless the queue is gone. A step whose
+//     retransmissions per byte rose by more than kMaxAddedLoss and to over twice the base's
+//     overflowed a buffer too shallow to show a queue: it is treated as queued, and goes back
+//     unless it gained `gain`. A queue that stands only at the step (the base had none) does
+//     not send it back by itself: the step that fills a path shows one, and the keep rules
+//     apply (cubic at 0.1% loss: 16 streams 96 Mbit/s with a queue, 60 after going back). A
+//     queue at the starting K holds it, without halving: 4 BBR streams stand 200 ms over a
+//     100 ms path with 15% retransmitted, but going down to 2 read 90-94 Mbit/s against 93-96
+//     with 4, and the zstd all-reduce of 3 regions ran 2.08-2.09x the ring with halving
+//     against 2.30-2.46x without (the step down's dip). Loss-bound streams and per-flow caps
+//     read no queue: growth stays as above. A step whose goodput grew nearly in proportion
+//     to K (kLinearScaling) did not overflow anything, whatever its retransmissions: the
+//     streams are bound each by itself (a per-flow policer dropped far more with 2 BBR
+//     streams than with 1, while the pair carried 2.3x). Its queue still counts: a policer
+//     drops and never queues.
 // Never leaves [min_streams, max_streams]. Not thread-safe; one per link.
 class StreamCountController {
  public:
   StreamCountController(int initial, int min_streams, int max_streams, double gain = 0.10,
                         int hold_rounds = 20);
   // One measurement round at the current K; returns the K to use next.
-  int Update(double goodput_bytes_per_s, bool busy);
+  int Update(double goodput_bytes_per_s, bool busy, const RoundSignals& signals = {});
   int streams() const { return current_; }
 
   // Rounds the starting K is measured (the last one is the reference), and rounds a step gets
@@ -124,11 +165,26 @@ class StreamCountController {
   // A step whose goodput grew by at least this fraction of its growth in K (a doubling by 1.7x)
   // is followed by two doublings at once.
   static constexpr double kLinearScaling = 0.85;
+  // Retransmitted segments per segment of goodput a step may add over its base (as well as
+  // doubling the base's) before it counts as overflowing the bottleneck: random loss on the path
+  // is the same fraction at any K, so only the flows' own overflow raises it.
+  static constexpr double kMaxAddedLoss = 0.01;
+  // Bytes per TCP segment, to turn retransmissions into a fraction of the goodput.
+  static constexpr double kSegmentBytes = 1448;
 
  private:
   enum class Phase { kGrowing, kHolding };
+  struct Round {
+    double goodput = 0;
+    RoundSignals signals;
+  };
 
-  static double Mean(const std::vector<double>& rounds);
+  static double Mean(const std::vector<Round>& rounds);
+  // Whether the mean of the rounds' stream RTTs shows a standing queue (the first `skip` rounds
+  // left out: start-up).
+  static bool Queued(const std::vector<Round>& rounds, size_t skip = 0);
+  // Retransmitted segments per segment delivered over the rounds; 0 when unknown.
+  static double LossFraction(const std::vector<Round>& rounds, size_t skip = 0);
   int Hold(int k);
   int Double();
   // The step to current_ paid: it becomes the base (the mean of its rounds the reference), and
@@ -146,8 +202,12 @@ class StreamCountController {
   int base_k_;
   double base_goodput_ = 0;
   bool base_paid_ = false;  // the base was reached by a step that paid (not held or kept)
+  double base_loss_ = 0;    // the base's LossFraction
+  // The LossFraction of the base before a step that paid into a full path, while that step is
+  // measured again as a start; negative otherwise.
+  double loss_before_ = -1;
   // Busy rounds measured at the current K (growing), or the last few (holding).
-  std::vector<double> rounds_;
+  std::vector<Round> rounds_;
 };
 
 }  // namespace strait::net

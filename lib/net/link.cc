@@ -1039,6 +1039,8 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     adapt_start_retrans_ = est_.tcp_retransmissions;
     adapt_ticks_ = 0;
     adapt_backlog_ticks_ = 0;
+    adapt_rtt_sum_ns_ = 0;
+    adapt_rtt_ticks_ = 0;
     // Reopened at every tick until the round begins, so it starts within a tick of it.
     send_.OpenSeqWindow();
     adapt_window_open_ns_ = MonotonicNanos();
@@ -1057,7 +1059,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
       pending_round_.reset();
       const double goodput = static_cast<double>(send_.PopSeqWindow()) * 1e9 /
                              static_cast<double>(round.end_ns - round.begin_ns);
-      Adapt(now, goodput, round.retrans_per_s, round.busy);
+      Adapt(now, goodput, round);
     }
     if (settling_) {
       if (streams_up_ != target_streams_ &&
@@ -1074,6 +1076,12 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     }
     ++adapt_ticks_;
     if (send_.has_work()) ++adapt_backlog_ticks_;
+    // The streams' smoothed RTT averaged over the round's ticks: the controller's queue signal
+    // (one tick's reading swings with a cubic sawtooth).
+    if (est_.tcp_rtt_ns > 0) {
+      adapt_rtt_sum_ns_ += est_.tcp_rtt_ns;
+      ++adapt_rtt_ticks_;
+    }
     const int64_t elapsed = now - adapt_window_open_ns_;
     if (elapsed < std::max<int64_t>(kAdaptWindowNs, 10 * BaseRttNs())) return;
     if (pending_round_) return;  // the previous round is not judged yet: run on until it is
@@ -1088,6 +1096,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
                                     static_cast<double>(elapsed)
                               : 0.0;
     round.busy = adapt_backlog_ticks_ >= kBusyFraction * adapt_ticks_;
+    round.stream_rtt_ns = adapt_rtt_ticks_ > 0 ? adapt_rtt_sum_ns_ / adapt_rtt_ticks_ : 0;
     // Acks of the last data cut arrive after a queueing delay plus a round trip, or later when a
     // loss held them back: two smoothed RTTs (which include the queue) cover most of that
     // without stalling the controller; what comes later is missing equally from every round.
@@ -1098,20 +1107,36 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     StartAdaptRound(now);
   }
 
-  void Adapt(int64_t now, double goodput, double retrans_per_s, bool busy) {
+  struct PendingRound;
+  void Adapt(int64_t now, double goodput, const PendingRound& round) {
+    const bool busy = round.busy;
     if (options_.adapt_chunk && busy) {
       const int k = role_ == Role::kDialer ? target_streams_ : streams_up_;
       chunk_bytes_ = ChooseChunkBytes(est_, std::max(1, k), chunk_bytes_,
                                       options_.min_chunk_bytes, options_.max_chunk_bytes);
     }
     if (role_ == Role::kDialer && options_.adapt_streams) {
-      const int next = controller_.Update(goodput, busy);
+      RoundSignals signals;
+      signals.path_rtt_ns = BaseRttNs();
+      signals.stream_rtt_ns = round.stream_rtt_ns;
+      signals.retrans_per_s = round.retrans_per_s;
+      const int next = controller_.Update(goodput, busy, signals);
       const int old = target_streams_;
+      // Every round, so that a decision that held K can be traced to the numbers behind it.
+      STRAIT_LOG(kDebug, "net") << "link to " << peer_name_ << ": round with " << old
+                                << " streams: goodput " << FormatRate(goodput * 8)
+                                << (busy ? "" : " (idle)") << ", "
+                                << static_cast<int64_t>(round.retrans_per_s)
+                                << " retransmissions/s, stream RTT "
+                                << FormatDuration(round.stream_rtt_ns) << " -> " << next;
       if (next != old) {
         STRAIT_LOG(kInfo, "net") << "link to " << peer_name_ << ": " << old << " -> " << next
                                  << " streams (goodput " << FormatRate(goodput * 8) << ", "
-                                 << static_cast<int64_t>(retrans_per_s)
-                                 << " retransmissions/s with " << old << ")";
+                                 << static_cast<int64_t>(round.retrans_per_s)
+                                 << " retransmissions/s, stream RTT "
+                                 << FormatDuration(round.stream_rtt_ns) << " over path "
+                                 << FormatDuration(signals.path_rtt_ns) << " with " << old
+                                 << ")";
         ResizePool(next, now);
       }
     }
@@ -1260,12 +1285,15 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   struct PendingRound {
     int64_t begin_ns = 0, end_ns = 0, judge_ns = 0;
     double retrans_per_s = 0;
+    int64_t stream_rtt_ns = 0;  // the streams' kernel smoothed RTT, mean over the round's ticks
     bool busy = false;
   };
   std::optional<PendingRound> pending_round_;  // measured, waiting for its tail's acks
   uint64_t adapt_start_retrans_ = 0;
   int adapt_ticks_ = 0;
   int adapt_backlog_ticks_ = 0;
+  int64_t adapt_rtt_sum_ns_ = 0;
+  int adapt_rtt_ticks_ = 0;
   bool dial_warned_ = false;
   bool closing_ = false;
   Status close_status_;

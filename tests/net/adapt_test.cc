@@ -328,5 +328,208 @@ TEST(StreamCountController, StaysWithinItsBounds) {
   EXPECT_EQ(clamped.streams(), 16);
 }
 
+// Signals of a round on a 40 ms path: the streams' RTT `queue_ms` above it and `loss` of the
+// goodput's segments retransmitted.
+RoundSignals Path40(double goodput, double queue_ms, double loss = 0) {
+  RoundSignals s;
+  s.path_rtt_ns = 40'000'000;
+  s.stream_rtt_ns = s.path_rtt_ns + static_cast<int64_t>(queue_ms * 1e6);
+  s.retrans_per_s = goodput * loss / StreamCountController::kSegmentBytes;
+  return s;
+}
+
+TEST(QueueBuilding, AStandingQueueIsWellAboveThePathRtt) {
+  EXPECT_FALSE(QueueBuilding(40'000'000, 55'000'000));  // 1.25 x 40 ms + 5 ms
+  EXPECT_TRUE(QueueBuilding(40'000'000, 56'000'000));
+  EXPECT_TRUE(QueueBuilding(40'000'000, 80'000'000));   // a full one-BDP buffer
+  // Loopback: a few ms of scheduling jitter over a path of 50 us is no queue.
+  EXPECT_FALSE(QueueBuilding(50'000, 3'000'000));
+  EXPECT_FALSE(QueueBuilding(0, 80'000'000));  // unknown: never a queue
+  EXPECT_FALSE(QueueBuilding(40'000'000, 0));
+}
+
+// Two links of one gateway pair through one full 100 Mbit/s bottleneck with a one-BDP buffer:
+// each gets its share of the streams (TCP shares per flow), and the buffer stays full (RTT 80
+// ms over 40) with a few drops. Returns the largest K either link reached in `rounds` rounds.
+int SiblingsMaxK(bool with_signals, int rounds) {
+  StreamCountController a(4, 1, 64, 0.10, 3);
+  StreamCountController b(4, 1, 64, 0.10, 3);
+  int max_k = 4;
+  for (int round = 0; round < rounds; ++round) {
+    const int ka = a.streams();
+    const int kb = b.streams();
+    const double ga = 100e6 / 8 * ka / (ka + kb);
+    const double gb = 100e6 / 8 * kb / (ka + kb);
+    const int na = with_signals ? a.Update(ga, true, Path40(ga, 40, 0.002)) : a.Update(ga, true);
+    if (round > 0) {  // b starts a round later: the two links are not in lockstep
+      if (with_signals) {
+        b.Update(gb, true, Path40(gb, 40, 0.002));
+      } else {
+        b.Update(gb, true);
+      }
+    }
+    max_k = std::max({max_k, na, b.streams()});
+  }
+  return max_k;
+}
+
+TEST(StreamCountController, AFullPathStopsSiblingLinksStealingShareFromEachOther) {
+  // Without the queue signal each doubling "pays" by taking the sibling's share, and the
+  // sibling answers in kind (64 streams against 4 on one region pair in straitd).
+  EXPECT_GE(SiblingsMaxK(false, 60), 32);
+  // With it neither link grows past its start.
+  EXPECT_LE(SiblingsMaxK(true, 60), 4);
+}
+
+TEST(StreamCountController, DoesNotDoubleFromAQueuedBaseEvenAfterHolding) {
+  // The probes after each hold are skipped while the queue stands, even though one more
+  // doubling would read +33% (share taken from a sibling).
+  StreamCountController k(4, 4, 64, 0.10, 3);
+  auto signals = [](double goodput) { return Path40(goodput, 40); };
+  for (int round = 0; round < 30; ++round) {
+    const int streams = k.streams();
+    const double goodput = 100.0 * streams / (streams + 4);
+    EXPECT_EQ(k.Update(goodput, true, signals(goodput)), 4) << "round " << round;
+  }
+  // Once the queue drains, the next probe doubles.
+  int next = 4;
+  for (int round = 0; round < 4 && next == 4; ++round) next = k.Update(50, true, Path40(50, 1));
+  EXPECT_EQ(next, 8);
+}
+
+TEST(StreamCountController, AStepThatPaysIntoAQueueIsKeptButNotGrown) {
+  StreamCountController k(4, 1, 64, 0.10, 3);
+  EXPECT_EQ(k.Update(50, true, Path40(50, 0)), 4);
+  EXPECT_EQ(k.Update(50, true, Path40(50, 0)), 8);  // no queue: the link is not full yet
+  EXPECT_EQ(k.Update(95, true, Path40(95, 30)), 8);
+  EXPECT_EQ(k.Update(95, true, Path40(95, 30)), 8);  // +90%, and now a queue: kept, no 16
+  for (int round = 0; round < 10; ++round) EXPECT_EQ(k.Update(95, true, Path40(95, 30)), 8);
+  // A queue that was the new streams' start-up: gone two rounds later, and K doubles.
+  StreamCountController m(4, 1, 64, 0.10, 3);
+  EXPECT_EQ(m.Update(50, true, Path40(50, 0)), 4);
+  EXPECT_EQ(m.Update(50, true, Path40(50, 0)), 8);
+  EXPECT_EQ(m.Update(90, true, Path40(90, 30)), 8);
+  EXPECT_EQ(m.Update(90, true, Path40(90, 30)), 8);  // +80%: measured again
+  EXPECT_EQ(m.Update(70, true, Path40(70, 30)), 8);  // start-up: left out
+  EXPECT_EQ(m.Update(70, true, Path40(70, 2)), 16);
+}
+
+TEST(StreamCountController, TheStepThatFillsThePathIsKeptButNotGrown) {
+  // Cubic at 0.1% loss: 8 streams carry 89 Mbit/s without a queue, 16 carry 96 with one (the
+  // path is full now): short of the bar but kept, as without signals (going back read 60),
+  // and never doubled while the queue stands.
+  StreamCountController k(4, 1, 64, 0.10, 3);
+  EXPECT_EQ(k.Update(66, true, Path40(66, 1, 0.001)), 4);
+  EXPECT_EQ(k.Update(66, true, Path40(66, 1, 0.001)), 8);
+  EXPECT_EQ(k.Update(89, true, Path40(89, 2, 0.001)), 8);
+  EXPECT_EQ(k.Update(89, true, Path40(89, 2, 0.001)), 16);  // +35%
+  EXPECT_EQ(k.Update(96, true, Path40(96, 30, 0.001)), 16);
+  EXPECT_EQ(k.Update(96, true, Path40(96, 30, 0.001)), 16);  // +7.9%: a third round
+  EXPECT_EQ(k.Update(96, true, Path40(96, 30, 0.001)), 16);  // kept
+  for (int round = 0; round < 10; ++round) {
+    EXPECT_EQ(k.Update(96, true, Path40(96, 30, 0.001)), 16);
+  }
+}
+
+TEST(StreamCountController, LossBoundStreamsWithoutAQueueStillReachTens) {
+  // Cubic at 1% loss: the streams' RTT stays at the path's, the retransmitted fraction at the
+  // path's 1% at any K: growth as without signals.
+  StreamCountController k(4, 1, 64, 0.10, 10);
+  std::vector<int> visited;
+  for (int round = 0; round < 8; ++round) {
+    const double goodput = std::min(1.7e6 * k.streams(), 96e6) / 8;
+    visited.push_back(k.Update(goodput, true, Path40(goodput, 1, 0.01)));
+  }
+  EXPECT_EQ(visited, (std::vector<int>{4, 8, 8, 32, 32, 64, 64, 64}));
+}
+
+TEST(StreamCountController, RetransmissionsCountAgainstAStep) {
+  // No RTT known, but the steps retransmit 5% of their segments where their base lost 0.1%:
+  // they overflow the bottleneck's buffer, taking share from the flows beside them.
+  RoundSignals base;
+  base.retrans_per_s = 100 * 0.001 / StreamCountController::kSegmentBytes;
+  RoundSignals step;
+  step.retrans_per_s = 76 * 0.05 / StreamCountController::kSegmentBytes;
+  // No gain after a step that paid: not kept, back.
+  StreamCountController k(2, 2, 64, 0.10, 5);
+  EXPECT_EQ(k.Update(50, true, base), 2);
+  EXPECT_EQ(k.Update(50, true, base), 4);
+  EXPECT_EQ(k.Update(75, true, base), 4);
+  EXPECT_EQ(k.Update(75, true, base), 8);  // +50%, no added loss: grows
+  EXPECT_EQ(k.Update(76, true, step), 8);
+  EXPECT_EQ(k.Update(76, true, step), 4);
+  // +20%: the path had room (it is kept) but is full now (no further doubling).
+  StreamCountController m(4, 4, 64, 0.10, 5);
+  step.retrans_per_s = 120 * 0.05 / StreamCountController::kSegmentBytes;
+  EXPECT_EQ(m.Update(100, true, base), 4);
+  EXPECT_EQ(m.Update(100, true, base), 8);
+  EXPECT_EQ(m.Update(120, true, step), 8);
+  EXPECT_EQ(m.Update(120, true, step), 8);
+  for (int round = 0; round < 10; ++round) EXPECT_EQ(m.Update(120, true, step), 8);
+  // The path's own random loss, the same fraction at every K, does not count.
+  StreamCountController r(4, 4, 64, 0.10, 5);
+  base.retrans_per_s = 100 * 0.01 / StreamCountController::kSegmentBytes;
+  step.retrans_per_s = 120 * 0.012 / StreamCountController::kSegmentBytes;
+  EXPECT_EQ(r.Update(100, true, base), 4);
+  EXPECT_EQ(r.Update(100, true, base), 8);
+  EXPECT_EQ(r.Update(120, true, step), 8);
+  EXPECT_EQ(r.Update(120, true, step), 16);
+}
+
+TEST(StreamCountController, AStepIntoAPolicedPathThatPaysIsKept) {
+  // A per-flow policer at 20% of the link: 4 BBR streams carry 76 Mbit/s without a queue, 8
+  // fill the link (96) and stand a queue with 18% retransmissions. The gain is real: kept.
+  StreamCountController k(4, 1, 64, 0.10, 5);
+  EXPECT_EQ(k.Update(76, true, Path40(76, 1, 0.03)), 4);
+  EXPECT_EQ(k.Update(76, true, Path40(76, 1, 0.03)), 8);
+  EXPECT_EQ(k.Update(96, true, Path40(96, 100, 0.18)), 8);
+  for (int round = 0; round < 10; ++round) {
+    EXPECT_EQ(k.Update(96, true, Path40(96, 100, 0.18)), 8);
+  }
+}
+
+TEST(StreamCountController, AStepThatGrowsInProportionToKPaysWhateverTheLossSays) {
+  // Behind a per-flow policer at 20% of the link (strait-wanem, BBR): 1 stream carries 16.8
+  // Mbit/s without retransmissions, 2 carry 38.8 with 527/s -- the policer's drops, not a full
+  // path. The near-linear gain is accepted (and quadruples); the step that fills the link
+  // (8 streams, 96 Mbit/s, a queue) is then kept but not grown.
+  auto policed = [](double mbit, double retrans_per_s, double queue_ms) {
+    RoundSignals s = Path40(mbit * 1e6 / 8, queue_ms);
+    s.retrans_per_s = retrans_per_s;
+    return s;
+  };
+  StreamCountController k(1, 1, 10, 0.10, 5);
+  EXPECT_EQ(k.Update(16.8e6 / 8, true, policed(16.8, 23, 1)), 1);
+  EXPECT_EQ(k.Update(16.8e6 / 8, true, policed(16.8, 0, 1)), 2);
+  EXPECT_EQ(k.Update(38.8e6 / 8, true, policed(38.8, 527, 1)), 2);
+  EXPECT_EQ(k.Update(37.2e6 / 8, true, policed(37.2, 206, 1)), 8);
+  EXPECT_EQ(k.Update(90e6 / 8, true, policed(90, 900, 60)), 8);
+  EXPECT_EQ(k.Update(96e6 / 8, true, policed(96, 900, 60)), 8);
+  for (int round = 0; round < 12; ++round) {
+    EXPECT_EQ(k.Update(96e6 / 8, true, policed(96, 900, 60)), 8) << "round " << round;
+  }
+  // The same loss jump with a gain well short of proportional (+30% for twice the streams)
+  // is a full path: kept, not grown.
+  StreamCountController m(1, 1, 10, 0.10, 5);
+  EXPECT_EQ(m.Update(16.8e6 / 8, true, policed(16.8, 0, 1)), 1);
+  EXPECT_EQ(m.Update(16.8e6 / 8, true, policed(16.8, 0, 1)), 2);
+  EXPECT_EQ(m.Update(21.8e6 / 8, true, policed(21.8, 527, 1)), 2);
+  EXPECT_EQ(m.Update(21.8e6 / 8, true, policed(21.8, 527, 1)), 2);
+  for (int round = 0; round < 12; ++round) {
+    EXPECT_EQ(m.Update(21.8e6 / 8, true, policed(21.8, 527, 1)), 2) << "round " << round;
+  }
+}
+
+TEST(StreamCountController, AQueueAtTheStartHoldsTheStartingK) {
+  // The path is full with the starting K (BBR, cubic without loss): neither more streams nor
+  // fewer (halving cost dips of seconds), even when a doubling would read more (share taken
+  // from a sibling link).
+  StreamCountController k(4, 1, 64, 0.10, 3);
+  for (int round = 0; round < 20; ++round) {
+    const double goodput = 93.0 * k.streams() / (k.streams() + 4);
+    EXPECT_EQ(k.Update(goodput, true, Path40(goodput, 40, 0.15)), 4) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace strait::net
