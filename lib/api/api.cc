@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "api/backend.h"
 #include "api/host_backend.h"
 #include "api/nccl_backend.h"
 #include "gateway/config.h"
@@ -22,38 +23,9 @@
 
 #define STRAIT_API_EXPORT extern "C" __attribute__((visibility("default")))
 
-// The comm behind a strait_comm_t: exactly one backend is set.
+// The comm behind a strait_comm_t: its backend, whichever strait_comm_init_* chose (backend.h).
 struct strait_comm {
-  std::unique_ptr<strait::api::HostComm> host;
-#if STRAIT_HAVE_NCCL_BACKEND
-  std::unique_ptr<strait::api::NcclComm> nccl;
-#endif
-
-  bool IsNccl() const {
-#if STRAIT_HAVE_NCCL_BACKEND
-    return nccl != nullptr;
-#else
-    return false;
-#endif
-  }
-  strait::Status Failure() const {
-#if STRAIT_HAVE_NCCL_BACKEND
-    if (nccl) return nccl->Failure();
-#endif
-    return host->Failure();
-  }
-  int rank() const {
-#if STRAIT_HAVE_NCCL_BACKEND
-    if (nccl) return nccl->rank();
-#endif
-    return host->rank();
-  }
-  int nranks() const {
-#if STRAIT_HAVE_NCCL_BACKEND
-    if (nccl) return nccl->nranks();
-#endif
-    return host->nranks();
-  }
+  std::unique_ptr<strait::api::Backend> backend;
 };
 
 namespace strait::api {
@@ -275,7 +247,7 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
                        "comm is not a live Strait comm (destroyed, or not created by "
                        "strait_comm_init_*)");
   }
-  if (stream != nullptr && !comm->IsNccl()) {
+  if (stream != nullptr && !comm->backend->UsesStreams()) {
     return BadArgument(fn,
                        "stream must be NULL for a host-backend comm (it runs on the calling "
                        "thread; streams belong to the NCCL backend)");
@@ -291,7 +263,7 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
     return BadArgument(fn, "op " + std::to_string(static_cast<int>(op)) +
                                " is not a strait_redop_t (STRAIT_SUM..STRAIT_AVG)");
   }
-  if (Status failed = comm->Failure(); !failed.ok()) {
+  if (Status failed = comm->backend->Failure(); !failed.ok()) {
     return Fail(STRAIT_ERROR_COMM_FAILED,
                 std::string(fn) + ": an earlier all-reduce on this comm failed (" +
                     failed.message() + "); destroy the comm and create a new one on every rank");
@@ -326,16 +298,23 @@ strait_result_t AllReduceImpl(const char* fn, const void* sendbuf, void* recvbuf
   if (!keyed) {
     key = std::string("allreduce.") + DataTypeName(type) + "x" + std::to_string(count);
   }
-#if STRAIT_HAVE_NCCL_BACKEND
-  if (comm->IsNccl()) {
-    Status s = comm->nccl->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key,
-                                     stream);
-    // Returns once enqueued; a failed enqueue fails the comm (as a failed host all-reduce does).
-    return Report(s.WithContext(fn));
+  // The host backend returns when the result is in recvbuf, the NCCL backend once the work is
+  // enqueued on `stream`; either way a failure fails the comm.
+  Status s = comm->backend->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key,
+                                      stream);
+  return Report(s.WithContext(fn));
+}
+
+// Registers a created backend as a live comm and hands it to the caller as a strait_comm_t.
+strait_result_t Publish(std::unique_ptr<Backend> backend, strait_comm_t* comm) {
+  auto c = std::make_unique<strait_comm>();
+  c->backend = std::move(backend);
+  {
+    std::lock_guard<std::mutex> lock(g_comms_mu);
+    LiveComms().insert(c.get());
   }
-#endif
-  return Report(
-      comm->host->AllReduce(sendbuf, recvbuf, count, type, static_cast<ReduceOp>(op), key));
+  *comm = c.release();  // taken back by strait_comm_destroy
+  return STRAIT_SUCCESS;
 }
 
 }  // namespace
@@ -368,14 +347,7 @@ STRAIT_API_EXPORT strait_result_t strait_comm_init_host(strait_comm_t* comm,
     if (!options.ok()) return BadArgument(fn, options.status().message());
     auto host = strait::api::HostComm::Create(*options);
     if (!host.ok()) return strait::api::Report(host.status().WithContext(fn));
-    auto c = std::make_unique<strait_comm>();
-    c->host = std::move(host).value();
-    {
-      std::lock_guard<std::mutex> lock(strait::api::g_comms_mu);
-      strait::api::LiveComms().insert(c.get());
-    }
-    *comm = c.release();  // taken back by strait_comm_destroy
-    return STRAIT_SUCCESS;
+    return strait::api::Publish(std::move(host).value(), comm);
   });
 }
 
@@ -394,14 +366,7 @@ STRAIT_API_EXPORT strait_result_t strait_comm_init_nccl(strait_comm_t* comm,
 #if STRAIT_HAVE_NCCL_BACKEND
     auto backend = strait::api::NcclComm::Create(*options);
     if (!backend.ok()) return strait::api::Report(backend.status().WithContext(fn));
-    auto c = std::make_unique<strait_comm>();
-    c->nccl = std::move(backend).value();
-    {
-      std::lock_guard<std::mutex> lock(strait::api::g_comms_mu);
-      strait::api::LiveComms().insert(c.get());
-    }
-    *comm = c.release();  // taken back by strait_comm_destroy
-    return STRAIT_SUCCESS;
+    return strait::api::Publish(std::move(backend).value(), comm);
 #else
     return strait::api::Fail(
         STRAIT_ERROR_UNSUPPORTED,
@@ -447,8 +412,8 @@ STRAIT_API_EXPORT strait_result_t strait_comm_rank(strait_comm_t comm, int* rank
                          "comm is not a live Strait comm (destroyed, or not created "
                          "by strait_comm_init_*)");
     }
-    if (rank != nullptr) *rank = comm->rank();
-    if (nranks != nullptr) *nranks = comm->nranks();
+    if (rank != nullptr) *rank = comm->backend->rank();
+    if (nranks != nullptr) *nranks = comm->backend->nranks();
     return STRAIT_SUCCESS;
   });
 }
@@ -465,7 +430,7 @@ STRAIT_API_EXPORT strait_result_t strait_comm_destroy(strait_comm_t comm) {
                            "created by strait_comm_init_*)");
       }
     }
-    std::unique_ptr<strait_comm> owned(comm);  // released by strait_comm_init_host
+    std::unique_ptr<strait_comm> owned(comm);  // released by Publish (strait_comm_init_*)
     return STRAIT_SUCCESS;
   });
 }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "api/bootstrap.h"
+#include "api/frame_policy.h"
 #include "collective/hierarchical.h"
 #include "collective/net_transport.h"
 #include "collective/plan.h"
@@ -62,23 +63,11 @@ struct SendErrors {
   Status first;
 };
 
-// Phase 2 under a fixed lossy policy: the rank quantizes its shard itself (with its own
-// error-feedback residual per tensor key, as the GPU backend does on the device) and the
-// gateway all-reduces the frame (kAllReduceFrame), so that the host backend runs the pipeline
-// the GPU backend runs. Parsed from the policy the gateway resolved (JobPolicy::ToString):
-// "int8+ef (lossy from 64 KiB, else zstd)" -> int8 with feedback; nullopt for lossless and auto.
-struct FramePolicy {
-  CodecId codec = CodecId::kInt8;
-  bool error_feedback = false;
-};
-std::optional<FramePolicy> FramePolicyOf(const std::string& resolved) {
-  const size_t end = std::min(resolved.find_first_of("+ :(["), resolved.size());
-  const auto codec = ParseCodecId(resolved.substr(0, end));
-  if (!codec.has_value() || !IsLossyCodec(*codec)) return std::nullopt;
-  return FramePolicy{*codec, resolved.compare(end, 3, "+ef") == 0};
-}
-
-// Per-comm state of phase 2's frame path; used under HostComm::mu_.
+// Phase 2 under a fixed lossy policy (FramePolicyOf the policy the gateway resolved): the rank
+// quantizes its shard itself (with its own error-feedback residual per tensor key, as the GPU
+// backend does on the device) and the gateway all-reduces the frame (kAllReduceFrame), so that
+// the host backend runs the pipeline the GPU backend runs. Per-comm state of that frame path;
+// used under HostComm::mu_.
 struct FramePath {
   std::optional<FramePolicy> policy;
   Encoder encoder;
@@ -261,7 +250,12 @@ Status HostComm::Failure() {
 }
 
 Status HostComm::AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                           const std::string& tensor_key) {
+                           const std::string& tensor_key, CUstream_st* stream) {
+  if (stream != nullptr) {
+    return InvalidArgumentError(
+        "stream must be NULL for a host-backend comm (it runs on the calling thread; streams "
+        "belong to the NCCL backend)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.ok()) {
     return FailedPreconditionError("an earlier all-reduce on this comm failed (" +

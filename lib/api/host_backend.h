@@ -9,15 +9,15 @@
 //      fixed order: in fp32 for sum/avg of float32/bfloat16/float16 (rounded once to the element
 //      type; avg divides by m first), exactly in the element type otherwise.
 //   2. Cross-region: rank r all-reduces its shard through its straitd (gateway::Client) under
-//      the job's policy. Under a fixed lossy policy the rank quantizes its shard itself (codec
-//      library, its own error-feedback residual per key) and sends it with kAllReduceFrame, the
-//      pipeline the GPU backend runs; a key the gateway refuses that way (kFailedPrecondition:
-//      e.g. below min_lossy_bytes) goes raw with kAllReduce from then on. Either way the tensor key
-//      is
-//      collective::RegionShardKey(key, r, m) (the key the CollNet region all-reduce uses, so that
-//      error-feedback residuals are per shard). A shard beyond kMaxCrossBytes goes as several
-//      requests, keys suffixed ":part<k>". Empty shards (count < m) skip this phase on every
-//      rank alike. The gateway's result is bit-identical in every region.
+//      the job's policy. Under a fixed lossy policy (frame_policy.h) the rank quantizes its
+//      shard itself (codec library, its own error-feedback residual per key) and sends it with
+//      kAllReduceFrame, the pipeline the GPU backend runs; a key the gateway refuses that way
+//      (kFailedPrecondition: e.g. below min_lossy_bytes) goes raw with kAllReduce from then on.
+//      Either way the tensor key is collective::RegionShardKey(key, r, m) (the key the CollNet
+//      region all-reduce uses, so that error-feedback residuals are per shard). A shard beyond
+//      kMaxCrossBytes goes as several requests, keys suffixed ":part<k>". Empty shards
+//      (count < m) skip this phase on every rank alike. The gateway's result is bit-identical in
+//      every region.
 //   3. Intra-region all-gather: rank r sends its finished shard, raw, to every other rank.
 // avg of a non-float type: phase 1 sums, the gateway averages over regions, and phase 3 divides
 // by m first (integers truncate twice, which equals truncating once: trunc(trunc(x/n)/m) =
@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "api/backend.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
@@ -76,27 +77,31 @@ struct HostCommOptions {
   int64_t timeout_ns = int64_t{60'000'000'000};
 };
 
-class HostComm {
+class HostComm final : public Backend {
  public:
   // Connects to the gateway and registers the job, runs the region rendezvous and brings up the
   // links to every other rank. Blocks until done or options.timeout_ns passed.
   static StatusOr<std::unique_ptr<HostComm>> Create(const HostCommOptions& options);
-  ~HostComm();
+  ~HostComm() override;
   HostComm(const HostComm&) = delete;
   HostComm& operator=(const HostComm&) = delete;
 
+  // No streams: every all-reduce runs on the calling thread.
+  bool UsesStreams() const override { return false; }
+
   // See the file comment. `send` may equal `recv`; count 0 returns at once. `tensor_key` names
-  // the tensor at the gateway. Blocks; thread-safe (serialised).
+  // the tensor at the gateway. `stream` must be NULL (kInvalidArgument otherwise). Blocks until
+  // the result is in `recv`; thread-safe (serialised).
   Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                   const std::string& tensor_key);
+                   const std::string& tensor_key, CUstream_st* stream) override;
 
   // The first failure of an all-reduce on this comm (OK while none failed). Thread-safe.
-  Status Failure();
+  Status Failure() override;
 
-  int rank() const { return options_.rank; }
-  int nranks() const { return options_.nranks; }
+  int rank() const override { return options_.rank; }
+  int nranks() const override { return options_.nranks; }
   // The policy the gateway resolved for the job, e.g. "int8+ef (...)".
-  const std::string& policy() const { return policy_; }
+  const std::string& policy() const override { return policy_; }
 
   struct Impl;
 

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/frame_policy.h"
 #include "api/host_backend.h"
 #include "collective/hierarchical.h"
 #include "common/clock.h"
@@ -42,19 +43,6 @@ Status NcclError(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   return InternalError(what + " failed: " + ncclGetErrorString(r) +
                        (last != nullptr && last[0] != '\0' ? std::string(": ") + last : "") +
                        " (NCCL_DEBUG=WARN says more)");
-}
-
-// The lossy policy the gateway resolved, parsed from JobPolicy::ToString() ("int8+ef (...)");
-// nullopt for lossless and auto policies. The same rule as the host backend's.
-struct FramePolicy {
-  CodecId codec = CodecId::kInt8;
-  bool error_feedback = false;
-};
-std::optional<FramePolicy> FramePolicyOf(const std::string& resolved) {
-  const size_t end = std::min(resolved.find_first_of("+ :(["), resolved.size());
-  const auto codec = ParseCodecId(resolved.substr(0, end));
-  if (!codec.has_value() || !IsLossyCodec(*codec)) return std::nullopt;
-  return FramePolicy{*codec, resolved.compare(end, 3, "+ef") == 0};
 }
 
 // Makes `device` current for a scope and restores the caller's device after.

@@ -2,7 +2,8 @@
 // region-local NCCL communicator, and an all-reduce ordered on the caller's CUDA stream that never
 // blocks the calling thread. Compiled only where STRAIT_HAVE_CUDA and nccl.h/libnccl are found
 // (STRAIT_HAVE_NCCL_BACKEND); this header needs neither CUDA nor NCCL headers, so api.cc includes
-// it in every build and uses it only under that macro.
+// it in every build and creates an NcclComm only under that macro (and then uses it only through
+// the Backend interface, backend.h).
 //
 // A region runs m ranks (the NCCL communicator's size, the same m in every region); rank r (its
 // NCCL rank) talks to its own straitd, whose shard_index must be r. One all-reduce of `count`
@@ -16,7 +17,8 @@
 //   2. Cross-region, under a fixed lossy policy (int8/int4/fp8, sum or avg of fp32/bf16/fp16):
 //      cuda::QuantizeAsync of the shard with the rank's error-feedback residual (on the GPU, per
 //      tensor key) into a device stage, cudaMemcpyAsync of the stage into pinned host memory;
-//      otherwise (lossless or auto policy, other dtypes or ops) cudaMemcpyAsync of the raw shard.
+//      otherwise (lossless or auto policy, see frame_policy.h; other dtypes or ops)
+//      cudaMemcpyAsync of the raw shard.
 //      Then a host function (cudaLaunchHostFunc) hands the job to the comm's worker thread and
 //      returns at once; the worker WrapStage()s the stage and calls Client::AllReduceFrame (or
 //      Client::AllReduce on the raw shard in place), and StageOf()s the result frame into a pinned
@@ -55,6 +57,7 @@
 #include <memory>
 #include <string>
 
+#include "api/backend.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
@@ -72,26 +75,29 @@ struct NcclCommOptions {
   int64_t timeout_ns = int64_t{60'000'000'000};
 };
 
-class NcclComm {
+class NcclComm final : public Backend {
  public:
   // Reads rank, size and device from the NCCL communicator, connects to the gateway, registers
   // the job and starts the worker thread. Blocks until done or the deadline.
   static StatusOr<std::unique_ptr<NcclComm>> Create(const NcclCommOptions& options);
-  ~NcclComm();
+  ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
+
+  // Every all-reduce is ordered on the caller's stream (NULL: the legacy default stream).
+  bool UsesStreams() const override { return true; }
 
   // Enqueues the all-reduce on `stream` (see the file comment) and returns. `send` may equal
   // `recv`; both are device memory of the communicator's device. count 0 enqueues nothing.
   Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                   const std::string& tensor_key, CUstream_st* stream);
+                   const std::string& tensor_key, CUstream_st* stream) override;
 
   // The first failure on this comm (OK while none). Thread-safe.
-  Status Failure();
+  Status Failure() override;
 
-  int rank() const;
-  int nranks() const;
-  const std::string& policy() const;
+  int rank() const override;
+  int nranks() const override;
+  const std::string& policy() const override;
 
   struct Impl;
 
