@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collective/engine.h"
+#include "common/endian.h"
 #include "strait/codec.h"
 #include "strait/reduce.h"
 
@@ -26,15 +27,6 @@ constexpr int64_t kMaxAbortMarginNanos = 2'000'000'000;
 
 bool IsFloatPath(DataType dtype, ReduceOp op) {
   return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
-}
-
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
 }
 
 std::string Describe(uint64_t count, uint8_t dtype, uint8_t op) {

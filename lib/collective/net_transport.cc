@@ -9,6 +9,7 @@
 #include <random>
 #include <utility>
 
+#include "common/endian.h"
 #include "common/log.h"
 #include "net/link.h"
 
@@ -20,23 +21,6 @@ constexpr const char* kLog = "collective";
 constexpr int64_t kControlSendNanos = 10'000'000'000;
 // Old incarnations remembered per peer, so that their late messages are dropped.
 constexpr size_t kRetiredIncarnations = 8;
-
-void PutU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 std::string NameOf(const std::vector<std::string>& names, int peer) {
   std::string name = "rank " + std::to_string(peer);

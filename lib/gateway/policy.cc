@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collective/plan.h"
+#include "common/endian.h"
 #include "common/units.h"
 
 namespace strait::gateway {
@@ -401,22 +402,6 @@ StatusOr<JobPolicy> MergePolicies(const std::string& job, std::span<const Policy
 
 namespace {
 
-void PutU16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
-  b[at] = static_cast<uint8_t>(v);
-  b[at + 1] = static_cast<uint8_t>(v >> 8);
-}
-void PutU64(std::vector<uint8_t>& b, size_t at, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b[at + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t GetU16(std::span<const uint8_t> b, size_t at) {
-  return static_cast<uint16_t>(b[at] | (b[at + 1] << 8));
-}
-uint64_t GetU64(std::span<const uint8_t> b, size_t at) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | b[at + static_cast<size_t>(i)];
-  return v;
-}
-
 constexpr size_t kOfferHeaderBytes = 26;
 
 bool ValidCodecByte(uint8_t v) {
@@ -439,13 +424,13 @@ std::vector<uint8_t> EncodePolicyOffer(PolicyMessageKind kind, const std::string
   uint16_t mask = 0;
   for (CodecId c : policy.allowed_codecs)
     mask = static_cast<uint16_t>(mask | (1u << static_cast<unsigned>(c)));
-  PutU16(b, 6, mask);
-  PutU64(b, 8, policy.min_lossy_bytes);
+  PutU16(b.data() + 6, mask);
+  PutU64(b.data() + 8, policy.min_lossy_bytes);
   uint64_t bits = 0;
   static_assert(sizeof(double) == sizeof(uint64_t));
   std::memcpy(&bits, &policy.max_relative_error, sizeof(bits));
-  PutU64(b, 16, bits);
-  PutU16(b, 24, static_cast<uint16_t>(len));
+  PutU64(b.data() + 16, bits);
+  PutU16(b.data() + 24, static_cast<uint16_t>(len));
   std::memcpy(b.data() + kOfferHeaderBytes, job.data(), len);
   return b;
 }
@@ -478,18 +463,18 @@ StatusOr<DecodedPolicyOffer> DecodePolicyOffer(std::span<const uint8_t> m) {
   p.codec = static_cast<CodecId>(m[3]);
   p.lossless_fallback = static_cast<CodecId>(m[4]);
   p.zstd_level = std::clamp<int>(static_cast<int8_t>(m[5]), kMinZstdLevel, kMaxZstdLevel);
-  const uint16_t mask = GetU16(m, 6);
+  const uint16_t mask = GetU16(m.data() + 6);
   p.allowed_codecs.clear();
   for (int c = 0; c < kNumCodecs; ++c) {
     if (mask & (1u << c)) p.allowed_codecs.push_back(static_cast<CodecId>(c));
   }
-  p.min_lossy_bytes = GetU64(m, 8);
-  const uint64_t bits = GetU64(m, 16);
+  p.min_lossy_bytes = GetU64(m.data() + 8);
+  const uint64_t bits = GetU64(m.data() + 16);
   std::memcpy(&p.max_relative_error, &bits, sizeof(bits));
   if (!(p.max_relative_error >= 0 && p.max_relative_error <= 1)) {
     return DataLossError("policy message: max_relative_error out of [0, 1]");
   }
-  const size_t len = GetU16(m, 24);
+  const size_t len = GetU16(m.data() + 24);
   if (len == 0 || len > kMaxPolicyJobBytes || m.size() != kOfferHeaderBytes + len) {
     return DataLossError("policy message: job length " + std::to_string(len) + " does not match " +
                          std::to_string(m.size()) + " message bytes");
@@ -607,12 +592,12 @@ std::vector<uint8_t> EncodeRatesOffer(const std::string& job, const WeightsRound
   std::vector<uint8_t> b(kRatesHeaderBytes + 8 * n + 2 + len, 0);
   b[0] = kPolicyMessageVersion;
   b[1] = static_cast<uint8_t>(PolicyMessageKind::kRates);
-  PutU16(b, 2, static_cast<uint16_t>(n));
-  PutU64(b, 4, round.world);
-  PutU64(b, 12, round.epoch);
-  PutU64(b, 20, round.round);
-  for (size_t i = 0; i < n; ++i) PutU64(b, kRatesHeaderBytes + 8 * i, rates[i]);
-  PutU16(b, kRatesHeaderBytes + 8 * n, static_cast<uint16_t>(len));
+  PutU16(b.data() + 2, static_cast<uint16_t>(n));
+  PutU64(b.data() + 4, round.world);
+  PutU64(b.data() + 12, round.epoch);
+  PutU64(b.data() + 20, round.round);
+  for (size_t i = 0; i < n; ++i) PutU64(b.data() + kRatesHeaderBytes + 8 * i, rates[i]);
+  PutU16(b.data() + kRatesHeaderBytes + 8 * n, static_cast<uint16_t>(len));
   std::memcpy(b.data() + kRatesHeaderBytes + 8 * n + 2, job.data(), len);
   return b;
 }
@@ -631,22 +616,22 @@ StatusOr<DecodedRatesOffer> DecodeRatesOffer(std::span<const uint8_t> m) {
   if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kRates)) {
     return DataLossError("rates message: kind " + std::to_string(m[1]) + " is not kRates (3)");
   }
-  const size_t n = GetU16(m, 2);
+  const size_t n = GetU16(m.data() + 2);
   if (m.size() < kRatesHeaderBytes + 8 * n + 2) {
     return DataLossError("rates message: " + std::to_string(n) + " rates do not fit in " +
                          std::to_string(m.size()) + " bytes");
   }
-  const size_t len = GetU16(m, kRatesHeaderBytes + 8 * n);
+  const size_t len = GetU16(m.data() + kRatesHeaderBytes + 8 * n);
   if (len == 0 || len > kMaxPolicyJobBytes || m.size() != kRatesHeaderBytes + 8 * n + 2 + len) {
     return DataLossError("rates message: job length " + std::to_string(len) +
                          " does not match " + std::to_string(m.size()) + " message bytes");
   }
   DecodedRatesOffer d;
-  d.round.world = GetU64(m, 4);
-  d.round.epoch = GetU64(m, 12);
-  d.round.round = GetU64(m, 20);
+  d.round.world = GetU64(m.data() + 4);
+  d.round.epoch = GetU64(m.data() + 12);
+  d.round.round = GetU64(m.data() + 20);
   d.rates.resize(n);
-  for (size_t i = 0; i < n; ++i) d.rates[i] = GetU64(m, kRatesHeaderBytes + 8 * i);
+  for (size_t i = 0; i < n; ++i) d.rates[i] = GetU64(m.data() + kRatesHeaderBytes + 8 * i);
   d.job.assign(reinterpret_cast<const char*>(m.data() + kRatesHeaderBytes + 8 * n + 2), len);
   return d;
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/endian.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "net/link.h"
@@ -25,10 +26,6 @@ namespace {
 constexpr const char* kLog = "tunnel";
 constexpr auto kSlice = std::chrono::milliseconds(100);
 constexpr int kSliceMs = 100;
-
-void PutLe(std::vector<uint8_t>* out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
 
 // Reads little-endian fields; the first that does not fit sets a sticky error naming it.
 class WireReader {
@@ -42,8 +39,7 @@ class WireReader {
                               std::to_string(pos_) + " of " + std::to_string(b_.size()));
       return 0;
     }
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{b_[pos_ + static_cast<size_t>(i)]} << (8 * i);
+    const uint64_t v = GetLe(b_.data() + pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
     return v;
   }
@@ -139,28 +135,28 @@ std::vector<uint8_t> EncodeTunnelWire(const TunnelWire& w) {
   out.push_back(static_cast<uint8_t>(w.kind));
   out.push_back(w.kind == TunnelWireKind::kData ? static_cast<uint8_t>(w.codec) : 0);
   out.push_back(0);
-  PutLe(&out, w.kind == TunnelWireKind::kData ? w.tag : 0, 4);
-  PutLe(&out, w.tunnel_id, 8);
+  AppendLe(&out, w.kind == TunnelWireKind::kData ? w.tag : 0, 4);
+  AppendLe(&out, w.tunnel_id, 8);
   switch (w.kind) {
     case TunnelWireKind::kOpen:
-      PutLe(&out, w.shard, 4);
-      PutLe(&out, w.listen_id, 8);
-      PutLe(&out, w.window, 8);
+      AppendLe(&out, w.shard, 4);
+      AppendLe(&out, w.listen_id, 8);
+      AppendLe(&out, w.window, 8);
       break;
-    case TunnelWireKind::kOpenOk: PutLe(&out, w.window, 8); break;
+    case TunnelWireKind::kOpenOk: AppendLe(&out, w.window, 8); break;
     case TunnelWireKind::kOpenRefused:
     case TunnelWireKind::kClose: {
       const std::string text = w.text.substr(0, kMaxReplyTextBytes);
-      PutLe(&out, static_cast<uint32_t>(w.code), 4);
-      PutLe(&out, text.size(), 2);
+      AppendLe(&out, static_cast<uint32_t>(w.code), 4);
+      AppendLe(&out, text.size(), 2);
       out.insert(out.end(), text.begin(), text.end());
       break;
     }
     case TunnelWireKind::kData:
-      PutLe(&out, w.raw_size, 8);
+      AppendLe(&out, w.raw_size, 8);
       out.insert(out.end(), w.payload.begin(), w.payload.end());
       break;
-    case TunnelWireKind::kCredit: PutLe(&out, w.credit, 8); break;
+    case TunnelWireKind::kCredit: AppendLe(&out, w.credit, 8); break;
   }
   return out;
 }
@@ -609,7 +605,7 @@ void TunnelService::ServeConnect(int fd, const Message& req) {
     return refuse(result);
   }
   Message reply = ReplyTo(MessageType::kTunnelConnect, Status::Ok());
-  PutLe(&reply.data, t->id, 8);
+  AppendLe(&reply.data, t->id, 8);
   reply.text = region;
   ++opened_;
   RunPipe(t, fd, WriteMessage(fd, reply, Deadline::AfterSeconds(10)));
@@ -905,8 +901,7 @@ void TunnelService::OnWanMessage(int peer, uint32_t channel, std::vector<uint8_t
                             << decoded.status();
     // The tunnel it belongs to may have lost data: end it if the id is readable.
     if (message.size() >= kTunnelWireHeaderSize) {
-      uint64_t id = 0;
-      for (int i = 0; i < 8; ++i) id |= uint64_t{message[8 + static_cast<size_t>(i)]} << (8 * i);
+      const uint64_t id = GetU64(message.data() + 8);
       std::shared_ptr<State> t;
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -56,6 +56,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/endian.h"
 #include "strait/status.h"
 
 namespace strait::net {
@@ -153,13 +154,14 @@ void AppendPingRecord(RecordType type, uint64_t stamp, std::vector<uint8_t>* out
 void AppendCloseRecord(CloseReason reason, std::vector<uint8_t>* out);
 void AppendRetireRecord(std::vector<uint8_t>* out);
 
-// Little-endian helpers shared with the tests.
-void PutU16(uint8_t* p, uint16_t v) noexcept;
-void PutU32(uint8_t* p, uint32_t v) noexcept;
-void PutU64(uint8_t* p, uint64_t v) noexcept;
-uint16_t GetU16(const uint8_t* p) noexcept;
-uint32_t GetU32(const uint8_t* p) noexcept;
-uint64_t GetU64(const uint8_t* p) noexcept;
+// The little-endian helpers (common/endian.h), also spelled net::PutU16 etc. for this module's
+// code and tests.
+using ::strait::GetU16;
+using ::strait::GetU32;
+using ::strait::GetU64;
+using ::strait::PutU16;
+using ::strait::PutU32;
+using ::strait::PutU64;
 
 }  // namespace strait::net
 

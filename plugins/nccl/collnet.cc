@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/endian.h"
 #include "plugins/nccl/api.h"
 #include "plugins/nccl/config.h"
 #include "plugins/nccl/transport.h"
@@ -34,17 +35,6 @@
 
 namespace strait::nccl {
 namespace {
-
-// ---- little-endian helpers ----------------------------------------------------------------------
-
-void PutLe(uint8_t* p, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetLe(const uint8_t* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
 
 uint32_t Fnv1a32(const uint8_t* p, size_t n) {
   uint32_t h = 2166136261u;
@@ -100,9 +90,7 @@ class Body {
  public:
   explicit Body(uint8_t type) { out_.push_back(type); }
   void U8(uint8_t v) { out_.push_back(v); }
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
+  void Le(uint64_t v, int n) { AppendLe(&out_, v, static_cast<size_t>(n)); }
   void Str(const std::string& s) {
     Le(s.size(), 2);
     out_.insert(out_.end(), s.begin(), s.end());

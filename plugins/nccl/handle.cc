@@ -4,35 +4,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/endian.h"
+
 namespace strait::nccl {
 namespace {
 
 constexpr size_t kChecksumOffset = kListenChecksumOffset;
 constexpr uint8_t kFlagTunnel = 0x01;
-
-void Put16(unsigned char* p, uint16_t v) {
-  p[0] = static_cast<unsigned char>(v);
-  p[1] = static_cast<unsigned char>(v >> 8);
-}
-void Put32(unsigned char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-void Put64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-uint16_t Get16(const unsigned char* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-uint32_t Get32(const unsigned char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t Get64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
 
 uint32_t Fnv1a(const unsigned char* p, size_t n) {
   uint32_t h = 2166136261u;
@@ -49,20 +27,20 @@ Status EncodeHandle(const ListenHandle& h, void* out) {
   if (h.region.size() > 63) return InvalidArgumentError("region name longer than 63 bytes");
   unsigned char* p = static_cast<unsigned char*>(out);
   std::memset(p, 0, kHandleSize);
-  Put32(p, kHandleMagic);
-  Put16(p + 4, kHandleVersion);
+  PutU32(p, kHandleMagic);
+  PutU16(p + 4, kHandleVersion);
   p[7] = static_cast<unsigned char>(h.region.size());
-  Put64(p + 8, h.nonce);
+  PutU64(p + 8, h.nonce);
   if (h.addr.ss_family == AF_INET) {
     const auto* a = reinterpret_cast<const sockaddr_in*>(&h.addr);
     p[6] = 4;
     std::memcpy(p + 16, &a->sin_addr, 4);
-    Put16(p + 32, ntohs(a->sin_port));
+    PutU16(p + 32, ntohs(a->sin_port));
   } else if (h.addr.ss_family == AF_INET6) {
     const auto* a = reinterpret_cast<const sockaddr_in6*>(&h.addr);
     p[6] = 6;
     std::memcpy(p + 16, &a->sin6_addr, 16);
-    Put16(p + 32, ntohs(a->sin6_port));
+    PutU16(p + 32, ntohs(a->sin6_port));
   } else {
     return InvalidArgumentError("listen address is neither IPv4 nor IPv6");
   }
@@ -70,10 +48,10 @@ Status EncodeHandle(const ListenHandle& h, void* out) {
   if (h.tunnel) {
     if (h.region.empty()) return InvalidArgumentError("a tunnel listen needs the gateway's region");
     p[34] = kFlagTunnel;
-    Put32(p + 100, h.gateway_shard);
-    Put64(p + 104, h.listen_id);
+    PutU32(p + 100, h.gateway_shard);
+    PutU64(p + 104, h.listen_id);
   }
-  Put32(p + kChecksumOffset, Fnv1a(p, kChecksumOffset));
+  PutU32(p + kChecksumOffset, Fnv1a(p, kChecksumOffset));
   return Status::Ok();
 }
 
@@ -82,23 +60,23 @@ StatusOr<ListenHandle> DecodeHandle(const void* in) {
   constexpr const char* kWhat =
       "; the handle did not come from a Strait listen() (another plugin's, or corrupted in "
       "transit): make every rank load the same NCCL_NET_PLUGIN";
-  if (Get32(p) != kHandleMagic)
+  if (GetU32(p) != kHandleMagic)
     return InvalidArgumentError("listen handle has a bad magic" + std::string(kWhat));
-  const uint16_t version = Get16(p + 4);
+  const uint16_t version = GetU16(p + 4);
   if (version != kHandleVersion) {
     return InvalidArgumentError("listen handle has version " + std::to_string(version) +
                                 ", this plugin reads version " + std::to_string(kHandleVersion) +
                                 ": run the same libnccl-net-strait.so version on every rank");
   }
-  if (Get32(p + kChecksumOffset) != Fnv1a(p, kChecksumOffset)) {
+  if (GetU32(p + kChecksumOffset) != Fnv1a(p, kChecksumOffset)) {
     return InvalidArgumentError("listen handle checksum mismatch" + std::string(kWhat));
   }
   ListenHandle h;
   const unsigned region_len = p[7];
   if (region_len > 63)
     return InvalidArgumentError("listen handle region length > 63" + std::string(kWhat));
-  h.nonce = Get64(p + 8);
-  const uint16_t port = Get16(p + 32);
+  h.nonce = GetU64(p + 8);
+  const uint16_t port = GetU16(p + 32);
   if (port == 0) return InvalidArgumentError("listen handle has port 0" + std::string(kWhat));
   if (p[6] == 4) {
     auto* a = reinterpret_cast<sockaddr_in*>(&h.addr);
@@ -121,44 +99,44 @@ StatusOr<ListenHandle> DecodeHandle(const void* in) {
   if (h.tunnel) {
     if (h.region.empty())
       return InvalidArgumentError("listen handle has a tunnel but no region" + std::string(kWhat));
-    h.gateway_shard = Get32(p + 100);
-    h.listen_id = Get64(p + 104);
+    h.gateway_shard = GetU32(p + 100);
+    h.listen_id = GetU64(p + 104);
   }
   return h;
 }
 
 uint64_t ReadScratch(const void* handle) {
-  return Get64(static_cast<const unsigned char*>(handle) + kHandleScratchOffset);
+  return GetU64(static_cast<const unsigned char*>(handle) + kHandleScratchOffset);
 }
 void WriteScratch(void* handle, uint64_t value) {
-  Put64(static_cast<unsigned char*>(handle) + kHandleScratchOffset, value);
+  PutU64(static_cast<unsigned char*>(handle) + kHandleScratchOffset, value);
 }
 
 void EncodeHello(const Hello& h, unsigned char out[kHelloSize]) {
   std::memset(out, 0, kHelloSize);
-  Put32(out, kHelloMagic);
-  Put16(out + 4, kWireVersion);
-  Put16(out + 6, h.socket_index);
-  Put16(out + 8, h.socket_count);
-  Put64(out + 16, h.nonce);
-  Put64(out + 24, h.connection_id);
+  PutU32(out, kHelloMagic);
+  PutU16(out + 4, kWireVersion);
+  PutU16(out + 6, h.socket_index);
+  PutU16(out + 8, h.socket_count);
+  PutU64(out + 16, h.nonce);
+  PutU64(out + 24, h.connection_id);
 }
 
 StatusOr<Hello> DecodeHello(const unsigned char in[kHelloSize], ReplyStatus* why) {
-  if (Get32(in) != kHelloMagic) {
+  if (GetU32(in) != kHelloMagic) {
     *why = ReplyStatus::kBadHello;
     return InvalidArgumentError("connection hello has a bad magic (not a Strait plugin peer)");
   }
-  if (Get16(in + 4) != kWireVersion) {
+  if (GetU16(in + 4) != kWireVersion) {
     *why = ReplyStatus::kUnsupportedVersion;
     return InvalidArgumentError("connection hello has unsupported version " +
-                                std::to_string(Get16(in + 4)));
+                                std::to_string(GetU16(in + 4)));
   }
   Hello h;
-  h.socket_index = Get16(in + 6);
-  h.socket_count = Get16(in + 8);
-  h.nonce = Get64(in + 16);
-  h.connection_id = Get64(in + 24);
+  h.socket_index = GetU16(in + 6);
+  h.socket_count = GetU16(in + 8);
+  h.nonce = GetU64(in + 16);
+  h.connection_id = GetU64(in + 24);
   if (h.socket_count == 0 || h.socket_count > 16 || h.socket_index >= h.socket_count) {
     *why = ReplyStatus::kBadHello;
     return InvalidArgumentError("connection hello has socket " + std::to_string(h.socket_index) +
@@ -168,35 +146,35 @@ StatusOr<Hello> DecodeHello(const unsigned char in[kHelloSize], ReplyStatus* why
 }
 
 void EncodeReply(ReplyStatus status, unsigned char out[kReplySize]) {
-  Put32(out, kReplyMagic);
-  Put32(out + 4, static_cast<uint32_t>(status));
+  PutU32(out, kReplyMagic);
+  PutU32(out + 4, static_cast<uint32_t>(status));
 }
 
 StatusOr<ReplyStatus> DecodeReply(const unsigned char in[kReplySize]) {
-  if (Get32(in) != kReplyMagic) {
+  if (GetU32(in) != kReplyMagic) {
     return UnavailableError("the listener answered with a bad magic (not a Strait plugin)");
   }
-  const uint32_t s = Get32(in + 4);
+  const uint32_t s = GetU32(in + 4);
   if (s > 3)
     return UnavailableError("the listener answered with unknown status " + std::to_string(s));
   return static_cast<ReplyStatus>(s);
 }
 
 void EncodeChunkHeader(const ChunkHeader& h, unsigned char out[kChunkHeaderSize]) {
-  Put64(out, h.seq);
-  Put64(out + 8, h.message_size);
-  Put64(out + 16, h.offset);
-  Put32(out + 24, h.length);
-  Put32(out + 28, static_cast<uint32_t>(h.tag));
+  PutU64(out, h.seq);
+  PutU64(out + 8, h.message_size);
+  PutU64(out + 16, h.offset);
+  PutU32(out + 24, h.length);
+  PutU32(out + 28, static_cast<uint32_t>(h.tag));
 }
 
 ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]) {
   ChunkHeader h;
-  h.seq = Get64(in);
-  h.message_size = Get64(in + 8);
-  h.offset = Get64(in + 16);
-  h.length = Get32(in + 24);
-  h.tag = static_cast<int32_t>(Get32(in + 28));
+  h.seq = GetU64(in);
+  h.message_size = GetU64(in + 8);
+  h.offset = GetU64(in + 16);
+  h.length = GetU32(in + 24);
+  h.tag = static_cast<int32_t>(GetU32(in + 28));
   return h;
 }
 
@@ -220,14 +198,12 @@ class FrameWriter {
     out_.insert(out_.end(), s.begin(), s.begin() + static_cast<long>(n));
   }
   std::vector<unsigned char> Done() {
-    Put32(out_.data(), static_cast<uint32_t>(out_.size() - 4));
+    PutU32(out_.data(), static_cast<uint32_t>(out_.size() - 4));
     return std::move(out_);
   }
 
  private:
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<unsigned char>(v >> (8 * i)));
-  }
+  void Le(uint64_t v, int n) { AppendLe(&out_, v, static_cast<size_t>(n)); }
   std::vector<unsigned char> out_;
 };
 
@@ -237,8 +213,7 @@ class FrameReader {
   FrameReader(const unsigned char* p, size_t n) : p_(p), n_(n) {}
   uint64_t Le(size_t bytes, const char* what) {
     if (!ok_ || n_ - at_ < bytes) return Short(what);
-    uint64_t v = 0;
-    for (size_t i = bytes; i-- > 0;) v = (v << 8) | p_[at_ + i];
+    const uint64_t v = GetLe(p_ + at_, bytes);
     at_ += bytes;
     return v;
   }
@@ -317,9 +292,9 @@ std::vector<unsigned char> EncodeTunnelClose(StatusCode code, const std::string&
 }
 
 void EncodeTunnelDataHead(const ChunkHeader& h, unsigned char out[kTunnelDataHead]) {
-  Put32(out, static_cast<uint32_t>(1 + 4 + kChunkHeaderSize + h.length));
+  PutU32(out, static_cast<uint32_t>(1 + 4 + kChunkHeaderSize + h.length));
   out[4] = static_cast<unsigned char>(LocalType::kTunnelData);
-  Put32(out + 5, static_cast<uint32_t>(h.tag));
+  PutU32(out + 5, static_cast<uint32_t>(h.tag));
   EncodeChunkHeader(h, out + 9);
 }
 

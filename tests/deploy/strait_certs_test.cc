@@ -5,14 +5,10 @@
 // Also the script's contract: re-running keeps the CA and valid certificates byte for byte,
 // --force replaces the CA, bad regions and a missing CA are errors.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -26,8 +22,7 @@
 
 #include "gateway/client.h"
 #include "tests/common/free_ports.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
 namespace {
@@ -43,36 +38,21 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// Runs argv[0] with stdout and stderr appended to `log`; returns the pid.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (auto& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    ADD_FAILURE() << "cannot start " << args[0] << ": " << std::strerror(rc);
-    return -1;
-  }
-  return pid;
-}
+using strait::test::SpawnOptions;
 
-// Runs a command to completion; returns its exit status (-1 if it did not exit normally).
-int RunToEnd(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = Spawn(args, log);
-  if (pid < 0) return -1;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+// Output of a command: stdout and stderr appended to `log`.
+SpawnOptions LogTo(const std::string& log) {
+  SpawnOptions o;
+  o.stdout_path = log;
+  o.stderr_path = log;
+  return o;
 }
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::RunProcess;
+using strait::test::SpawnProcess;
+using strait::test::StopProcesses;
 
 std::vector<float> Input(int r) {
   std::vector<float> v(kCount);
@@ -89,12 +69,7 @@ class StraitCerts : public ::testing::Test {
     log_ = dir_ + "/script.log";
   }
   void TearDown() override {
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::kill(pid, SIGKILL);
-    }
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::waitpid(pid, nullptr, 0);
-    }
+    KillProcesses(&pids_);
     if (HasFailure()) {
       std::cerr << "script log:\n" << ReadFile(log_);
       for (const auto& l : daemon_logs_) std::cerr << l << ":\n" << ReadFile(l);
@@ -105,7 +80,7 @@ class StraitCerts : public ::testing::Test {
 
   int Script(std::vector<std::string> args) {
     args.insert(args.begin(), {"bash", STRAIT_CERTS_SCRIPT});
-    return RunToEnd(args, log_);
+    return RunProcess(args, LogTo(log_));
   }
 
   // Writes the config of region `region` (TLS with `stem`.pem/.key from `pki`, trusting
@@ -127,8 +102,8 @@ class StraitCerts : public ::testing::Test {
     std::ofstream(file) << c;
     const std::string log = dir_ + "/" + region + ".log";
     daemon_logs_.push_back(log);
-    ASSERT_EQ(RunToEnd({STRAITD_PATH, "--check-config", file}, log), 0) << ReadFile(log);
-    pids_.push_back(Spawn({STRAITD_PATH, "--config", file}, log));
+    ASSERT_EQ(RunProcess({STRAITD_PATH, "--check-config", file}, LogTo(log)), 0) << ReadFile(log);
+    pids_.push_back(SpawnProcess({STRAITD_PATH, "--config", file}, LogTo(log)));
   }
 
   std::string Socket(const std::string& region) const { return dir_ + "/" + region + ".sock"; }
@@ -224,12 +199,8 @@ TEST_F(StraitCerts, GatewaysWithScriptCertificatesAllReduceAndRefuseAnotherCa) {
     ASSERT_EQ(out[0][i], a[i] + b[i]) << i;  // small integers: exact in any order
     ASSERT_EQ(out[1][i], out[0][i]) << i;
   }
-  for (pid_t& pid : pids_) {
-    ::kill(pid, SIGTERM);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "straitd exit status " << st;
-    pid = -1;
+  for (int code : StopProcesses(&pids_, 10)) {
+    EXPECT_EQ(code, 0) << "straitd exit code (128 + N: signal N; -1: still running after 10 s)";
   }
   pids_.clear();
 

@@ -4,14 +4,11 @@
 // other paths, JSON logs, and SIGHUP reloading the certificates without dropping the link (a bad
 // key file is logged and the old identity kept).
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,13 +25,16 @@
 #include "gateway/client.h"
 #include "tests/net/test_certs.h"
 #include "tests/common/free_ports.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
 namespace {
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::ProcessEnded;
+using strait::test::SpawnOptions;
+using strait::test::SpawnProcess;
 
 struct HttpResult {
   int status = 0;  // 0: no answer
@@ -135,12 +135,7 @@ class StraitdMetrics : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::kill(pid, SIGKILL);
-    }
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::waitpid(pid, nullptr, 0);
-    }
+    KillProcesses(&pids_);
     pki_.reset();
     std::string cmd = "rm -rf '" + dir_ + "'";
     (void)!std::system(cmd.c_str());
@@ -151,22 +146,16 @@ class StraitdMetrics : public ::testing::Test {
 
   // Starts straitd for region r with JSON logs on stderr into Log(r).
   void Start(int r) {
-    std::vector<std::string> args = {STRAITD_PATH, "--config", configs_[r], "--log-format", "json"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, Log(r).c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    pid_t pid = 0;
-    const int rc = ::posix_spawn(&pid, STRAITD_PATH, &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ASSERT_EQ(rc, 0) << "cannot start " << STRAITD_PATH;
+    SpawnOptions log;
+    log.stderr_path = Log(r);
+    log.truncate = true;
+    const pid_t pid =
+        SpawnProcess({STRAITD_PATH, "--config", configs_[r], "--log-format", "json"}, log);
+    ASSERT_GT(pid, 0);
     pids_.push_back(pid);
   }
 
-  bool Alive(size_t i) { return ::waitpid(pids_[i], nullptr, WNOHANG) == 0; }
+  bool Alive(size_t i) { return !ProcessEnded(pids_[i]); }
 
   std::string dir_;
   std::optional<net::testing::TestPki> pki_;

@@ -9,10 +9,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,8 +25,7 @@
 #include "gateway/client.h"
 #include "tests/net/test_certs.h"
 #include "tests/common/free_ports.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
 namespace {
@@ -51,6 +47,10 @@ std::string NodeName(int node) {
 }
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::RunProcess;
+using strait::test::SpawnProcess;
+using strait::test::StopProcesses;
 
 class StraitdRegion : public ::testing::TestWithParam<bool> {
  protected:
@@ -99,18 +99,15 @@ class StraitdRegion : public ::testing::TestWithParam<bool> {
     }
     for (const std::string& file : files_) {
       // --check-config first: the file the test wrote must pass.
-      ASSERT_EQ(Run({"--check-config", file}, false), 0) << file;
+      ASSERT_EQ(RunProcess({STRAITD_PATH, "--check-config", file}), 0) << file;
     }
-    for (const std::string& file : files_) pids_.push_back(Run({"--config", file}, true));
+    for (const std::string& file : files_) {
+      pids_.push_back(SpawnProcess({STRAITD_PATH, "--config", file}));
+    }
   }
 
   void TearDown() override {
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::kill(pid, SIGKILL);
-    }
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::waitpid(pid, nullptr, 0);
-    }
+    KillProcesses(&pids_);
     for (const auto& f : files_) ::unlink(f.c_str());
     pki_.reset();
     ::rmdir(dir_.c_str());
@@ -118,35 +115,10 @@ class StraitdRegion : public ::testing::TestWithParam<bool> {
 
   std::string Socket(int node) const { return dir_ + "/" + NodeName(node) + ".sock"; }
 
-  // Starts straitd with `args`; returns its pid (background) or its exit status.
-  int Run(std::vector<std::string> args, bool background) {
-    std::vector<char*> argv;
-    std::string bin = STRAITD_PATH;
-    argv.push_back(bin.data());
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-      ADD_FAILURE() << "cannot start " << bin;
-      return -1;
-    }
-    if (background) return pid;
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
   // SIGTERM every daemon; each must exit 0 in time.
   void StopAll() {
-    for (pid_t pid : pids_) ::kill(pid, SIGTERM);
-    for (pid_t& pid : pids_) {
-      int status = -1;
-      for (int i = 0; i < 200; ++i) {
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-      pid = -1;
+    for (int code : StopProcesses(&pids_, 10)) {
+      EXPECT_EQ(code, 0) << "straitd exit code (128 + N: signal N; -1: still running after 10 s)";
     }
   }
 

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -31,8 +30,7 @@
 #include "gateway/client.h"
 #include "gateway/tunnel.h"
 #include "tests/common/free_ports.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
 namespace {
@@ -40,6 +38,8 @@ namespace {
 const char* const kNames[2] = {"a", "b"};
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::SpawnProcess;
 
 // Deterministic bytes for message `index` of `stream`, `size` long. Even sizes that are a
 // multiple of 4 get a float ramp (compressible, as gradients often are); others a PRNG stream.
@@ -82,34 +82,19 @@ class StraitdTunnel : public ::testing::Test {
       std::ofstream(file) << c;
       files_.push_back(file);
     }
-    for (int r = 0; r < 2; ++r) pids_.push_back(Start(files_[static_cast<size_t>(r)]));
+    for (int r = 0; r < 2; ++r) {
+      pids_.push_back(SpawnProcess({STRAITD_PATH, "--config", files_[static_cast<size_t>(r)]}));
+    }
   }
 
   void TearDown() override {
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::kill(pid, SIGKILL);
-    }
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::waitpid(pid, nullptr, 0);
-    }
+    KillProcesses(&pids_);
     for (const auto& f : files_) ::unlink(f.c_str());
     for (int r = 0; r < 2; ++r) ::unlink(Socket(r).c_str());
     ::rmdir(dir_.c_str());
   }
 
   std::string Socket(int r) const { return dir_ + "/" + kNames[r] + ".sock"; }
-
-  pid_t Start(std::string file) {
-    std::string bin = STRAITD_PATH;
-    std::string flag = "--config";
-    char* argv[] = {bin.data(), flag.data(), file.data(), nullptr};
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv, environ) != 0) {
-      ADD_FAILURE() << "cannot start " << bin;
-      return -1;
-    }
-    return pid;
-  }
 
   std::string Stats(int r) {
     auto client = Client::Connect(Socket(r), Deadline::AfterSeconds(10));

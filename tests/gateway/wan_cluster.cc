@@ -1,15 +1,12 @@
 // straitd processes over strait-wanem for integration tests (see wan_cluster.h).
 #include "tests/gateway/wan_cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,8 +16,7 @@
 #include "bench/wanem/config.h"
 #include "bench/wanem/netns.h"
 #include "common/clock.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace strait::gateway::testing {
 namespace {
@@ -75,12 +71,7 @@ StatusOr<std::unique_ptr<WanCluster>> WanCluster::Start(WanClusterOptions option
 }
 
 WanCluster::~WanCluster() {
-  for (pid_t pid : pids_) {
-    if (pid > 0) ::kill(pid, SIGKILL);
-  }
-  for (pid_t pid : pids_) {
-    if (pid > 0) ::waitpid(pid, nullptr, 0);
-  }
+  test::KillProcesses(&pids_);
   if (emulator_) emulator_->Stop().IgnoreError();
   pki_.reset();
   if (!dir_.empty()) {
@@ -148,26 +139,14 @@ Status WanCluster::WriteConfig(int region, int index) {
 
 Status WanCluster::Spawn(int region, int index) {
   const std::string base = dir_ + "/" + RegionName(region) + "_" + std::to_string(index);
-  std::vector<std::string> argv = {"ip",
-                                   "netns",
-                                   "exec",
-                                   emulator_->NamespaceOf(region),
-                                   options_.straitd,
-                                   "--config",
-                                   ConfigFile(region, index)};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (base + ".out").c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (base + ".err").c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  std::vector<char*> args;
-  for (std::string& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return UnavailableError("cannot start straitd: " + std::string(std::strerror(rc)));
+  // Appended: a restarted daemon's ready line follows the earlier ones (WaitReady counts them).
+  test::SpawnOptions output;
+  output.stdout_path = base + ".out";
+  output.stderr_path = base + ".err";
+  const pid_t pid = test::SpawnProcess({"ip", "netns", "exec", emulator_->NamespaceOf(region),
+                                        options_.straitd, "--config", ConfigFile(region, index)},
+                                       output);
+  if (pid < 0) return UnavailableError("cannot start straitd (the test failure above says why)");
   pids_[Slot(region, index)] = pid;
   ++starts_[Slot(region, index)];
   return Status::Ok();

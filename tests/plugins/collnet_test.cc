@@ -16,9 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +37,7 @@
 #include "gateway/local_protocol.h"
 #include "plugins/nccl/nccl_net.h"
 #include "tests/common/free_ports.h"
+#include "tests/common/straitd_process.h"
 
 extern char** environ;
 
@@ -162,6 +161,9 @@ std::string NodeName(int node) {
 }
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::SpawnProcess;
+using strait::test::WaitForSocket;
 
 // What one node head runs with.
 struct HeadSpec {
@@ -208,28 +210,19 @@ class CollNetEndToEnd : public ::testing::Test {
       c += "[allreduce]\ndeadline = \"20s\"\nshutdown_grace = \"2s\"\n";
       const std::string file = *dir_ + "/" + NodeName(node) + ".toml";
       std::ofstream(file) << c;
-      std::vector<std::string> args = {STRAITD_PATH, "--config", file};
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      pid_t pid = 0;
-      ASSERT_EQ(::posix_spawn(&pid, STRAITD_PATH, nullptr, nullptr, argv.data(), environ), 0);
+      const pid_t pid = SpawnProcess({STRAITD_PATH, "--config", file});
+      ASSERT_GT(pid, 0);
       pids_->push_back(pid);
     }
     // Each daemon is serving once its socket exists.
     for (int node = 0; node < kHeads; ++node) {
-      struct stat st {};
-      for (int i = 0; i < 200 && ::stat(Socket(node).c_str(), &st) != 0; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      ASSERT_EQ(::stat(Socket(node).c_str(), &st), 0)
+      ASSERT_TRUE(WaitForSocket(Socket(node), (*pids_)[size_t(node)], 10))
           << "straitd " << NodeName(node) << " did not create its socket";
     }
   }
 
   static void TearDownTestSuite() {
-    for (pid_t pid : *pids_) ::kill(pid, SIGKILL);
-    for (pid_t pid : *pids_) ::waitpid(pid, nullptr, 0);
+    KillProcesses(pids_);
     std::string cmd = "rm -rf '" + *dir_ + "'";
     EXPECT_EQ(std::system(cmd.c_str()), 0);
     delete pids_;

@@ -15,9 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,14 +26,16 @@
 #include <thread>
 #include <vector>
 #include "tests/common/free_ports.h"
-
-extern char** environ;
+#include "tests/common/straitd_process.h"
 
 namespace {
 
 const char* const kRegions[2] = {"a", "b"};
 
 using strait::test::FreePorts;
+using strait::test::KillProcesses;
+using strait::test::SpawnProcess;
+using strait::test::WaitForSocket;
 
 struct Node {
   pid_t pid = -1;
@@ -155,43 +155,24 @@ class PluginTunnel : public ::testing::Test {
       std::ofstream(file) << c;
       files_.push_back(file);
     }
-    for (int r = 0; r < 2; ++r) pids_.push_back(Start(files_[static_cast<size_t>(r)]));
-    // The plugin's listen needs its gateway's socket (it does not wait for a starting daemon).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (int r = 0; r < 2; ++r) {
-      struct stat st {};
-      while (::stat(Socket(r).c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling for the file
-      }
-      ASSERT_EQ(::stat(Socket(r).c_str(), &st), 0) << "straitd " << r << " did not start";
+      pids_.push_back(SpawnProcess({STRAITD_PATH, "--config", files_[static_cast<size_t>(r)]}));
+    }
+    // The plugin's listen needs its gateway's socket (it does not wait for a starting daemon).
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(WaitForSocket(Socket(r), pids_[static_cast<size_t>(r)], 20))
+          << "straitd " << r << " did not start";
     }
   }
 
   void TearDown() override {
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::kill(pid, SIGKILL);
-    }
-    for (pid_t pid : pids_) {
-      if (pid > 0) ::waitpid(pid, nullptr, 0);
-    }
+    KillProcesses(&pids_);
     for (const auto& f : files_) ::unlink(f.c_str());
     for (int r = 0; r < 2; ++r) ::unlink(Socket(r).c_str());
     ::rmdir(dir_.c_str());
   }
 
   std::string Socket(int r) const { return dir_ + "/" + kRegions[r] + ".sock"; }
-
-  pid_t Start(std::string file) {
-    std::string bin = STRAITD_PATH;
-    std::string flag = "--config";
-    char* argv[] = {bin.data(), flag.data(), file.data(), nullptr};
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv, environ) != 0) {
-      ADD_FAILURE() << "cannot start " << bin;
-      return -1;
-    }
-    return pid;
-  }
 
   // Node r runs in region r behind gateway r; each gets the other's handle.
   std::vector<Node> StartPair(const std::string& mode) {
