@@ -78,6 +78,7 @@ struct Flags {
   std::string socket;
   std::string ring_addrs;
   std::string job = kJob;
+  std::string barrier;  // the directory of the per-iteration barrier (see IterationBarrier)
 };
 
 // Set by SIGINT/SIGTERM in the orchestrator: its waits give up, and Cluster's destructor stops
@@ -205,6 +206,37 @@ uint64_t StatValue(const std::string& stats, const std::string& key) {
 constexpr const char* kTimeKeys[] = {"handle_ns", "allreduce_ns", "encode_ns",  "reduce_ns",
                                      "decode_ns", "wait_ns",      "ack_wait_ns"};
 
+// Every rank of a run waits here before each iteration, so that an iteration's time is that of
+// a synchronous collective whose ranks all arrive together (as in training, and as OSU's
+// benchmarks put a barrier between iterations). Without it, back-to-back iterations drift apart
+// (starts 0.3-0.6 s apart across the two gateway groups of a sidecar run), and a rank that
+// starts early counts the late ones' start as its own time. The ranks share the file system
+// (strait-wanem puts them in network namespaces only): each marks its arrival with a file
+// "<iteration>.<rank>" and polls for the others' (release skew ~0.2 ms).
+Status IterationBarrier(const std::string& dir, int rank, int ranks, int iteration,
+                        Deadline deadline) {
+  const std::string prefix = dir + "/" + std::to_string(iteration) + ".";
+  const std::string mine = prefix + std::to_string(rank);
+  const int fd = ::open(mine.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return UnavailableError("barrier: cannot create " + mine + ": " + std::strerror(errno));
+  }
+  ::close(fd);
+  int next = 0;  // ranks below `next` have arrived
+  while (next < ranks) {
+    if (::access((prefix + std::to_string(next)).c_str(), F_OK) == 0) {
+      ++next;
+      continue;
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError("barrier before iteration " + std::to_string(iteration) +
+                                   ": rank " + std::to_string(next) + " never arrived");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return Status::Ok();
+}
+
 // --- Rank mode: mesh (through the rank's own straitd) -----------------------------------------
 
 int RunMeshRank(const Flags& f) {
@@ -244,6 +276,15 @@ int RunMeshRank(const Flags& f) {
       if (stats.ok()) stats_before = *stats;
     }
     data = input;
+    if (!f.barrier.empty()) {
+      const Status b = IterationBarrier(f.barrier, f.rank_region * f.ranks_per_region + f.rank_index,
+                                        f.regions * f.ranks_per_region, it,
+                                        Deadline::AfterSeconds(f.timeout_s));
+      if (!b.ok()) {
+        std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << b << '\n';
+        return kExitFailure;
+      }
+    }
     const int64_t t0 = MonotonicNanos();
     Status s = (*client)->AllReduce(f.job, "grad", DataType::kFloat32, ReduceOp::kSum, data.data(),
                                     data.size(), Deadline::AfterSeconds(f.timeout_s));
@@ -409,6 +450,13 @@ int RunRingRank(const Flags& f) {
   Json times = Json::array(), starts = Json::array();
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     data = input;
+    if (!f.barrier.empty()) {
+      const Status b = IterationBarrier(f.barrier, pos, p, it, Deadline::AfterSeconds(f.timeout_s));
+      if (!b.ok()) {
+        std::cerr << "ring rank " << pos << ": " << b << '\n';
+        return kExitFailure;
+      }
+    }
     const int64_t t0 = MonotonicNanos();
     if (!RingAllReduce(data.data(), count, p, pos, fds->first, fds->second, scratch)) {
       std::cerr << "ring rank " << pos << ": connection lost in iteration " << it << '\n';
@@ -541,7 +589,10 @@ struct Cluster {
   ~Cluster() {
     StopDaemons();
     if (emulator) emulator->Stop().IgnoreError();
-    if (!dir.empty()) {
+    // STRAIT_BENCH_KEEP=1 keeps the gateways' logs and the ranks' outputs for a post-mortem.
+    if (const char* keep = std::getenv("STRAIT_BENCH_KEEP"); keep != nullptr && *keep == '1') {
+      std::cerr << "strait-bench allreduce: kept " << dir << '\n';
+    } else if (!dir.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
     }
@@ -885,6 +936,12 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
   const int n = f.regions, k = f.ranks_per_region;
   std::vector<Proc> ranks;
   const Stopwatch wall;
+  // A fresh barrier directory per run (IterationBarrier): the iteration numbers restart.
+  static int runs = 0;
+  const std::string barrier = c.dir + "/barrier" + std::to_string(++runs);
+  if (::mkdir(barrier.c_str(), 0755) != 0) {
+    return UnavailableError("cannot create " + barrier + ": " + std::strerror(errno));
+  }
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < k; ++i) {
       const std::string base = c.dir + "/" + role + std::to_string(c.generation) + "_" +
@@ -914,7 +971,9 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
                                        "--rank-job",
                                        job,
                                        "--rank-socket",
-                                       SocketPath(c, r, i)};
+                                       SocketPath(c, r, i),
+                                       "--rank-barrier",
+                                       barrier};
       argv.insert(argv.end(), extra.begin(), extra.end());
       Proc p{-1, role + " rank r" + std::to_string(r) + "." + std::to_string(i), base + ".out",
              base + ".err"};
@@ -1486,6 +1545,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--rank-index", f->rank_index)->group("");
   cmd.add_option("--rank-socket", f->socket)->group("");
   cmd.add_option("--rank-job", f->job)->group("");
+  cmd.add_option("--rank-barrier", f->barrier)->group("");
   cmd.add_option("--ring-addrs", f->ring_addrs)->group("");
 
   return [f](const GlobalFlags& globals) -> int {
