@@ -66,7 +66,7 @@ struct Flags {
   int warmup = 1;
   std::string baseline = "none";
   bool loopback = false;
-  int streams = 4;
+  int streams = gateway::kDefaultLinkStreams;  // straitd's link.streams default
   bool adapt_streams = true;
   std::string cc;  // straitd's link.congestion_control; empty: the namespace's default
   std::string straitd;
