@@ -213,8 +213,8 @@ EOF
       grep -q "straitd ready" "$TMP/straitd$r.log" ||
         die "straitd r$r did not start: $(cat "$TMP/straitd$r.log")"
     done
-    # What plain TCP gets on the same emulated path with as many streams as the gateways start
-    # with (4): shown beside the link rate, it tells a gateway or plugin limit from the path's.
+    # What plain TCP gets on the same emulated path with 4 streams (the gateways start at 1 and
+    # grow): shown beside the link rate, it tells a gateway or plugin limit from the path's.
     start_iperf_server 10.201.1.1 in_region 1
     wip=$(in_region 0 iperf3 -c 10.201.1.1 -p "$PORT" -P 4 -t "$SECONDS_PER" -O "$WARMUP" -f m 2>&1 |
           awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") v = $(i - 1) }
