@@ -1145,7 +1145,8 @@ std::string FormatTable(const Report& rep) {
       << "): the link bound does not apply\n";
   }
   o << "# gateway links: " << (rep.setup.tls ? "TLS 1.3 (throwaway CA)" : "plain TCP") << ", "
-    << f.streams << (f.adapt_streams ? " streams at first, adaptive" : " streams, fixed")
+    << f.streams << (f.streams == 1 ? " stream" : " streams")
+    << (f.adapt_streams ? " at first, adaptive" : ", fixed")
     << ", congestion control " << (f.cc.empty() ? "the system's" : f.cc)
     << "; the ring baseline is plain TCP between the ranks\n";
   o << "# sidecar mode: rank i of each region all-reduces its 1/" << f.ranks_per_region
