@@ -23,7 +23,9 @@
 # began 2 s in read up to 5% above what TCP can carry (96.5 Mbit/s of payload at 100 Mbit/s).
 # iperf3 runs only inside the emulator's namespaces, client in region 0, server bound to
 # 10.201.1.1 in region 1.
-set -euo pipefail
+set -Eeuo pipefail
+# A failing command ends the script (set -e); say which, rather than stopping without a word.
+trap 'echo "link_vs_iperf: stopped: line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
 
 BUILD=${1:-build/release}
 BENCH=$(realpath "$BUILD/bench/strait-bench")
@@ -101,21 +103,28 @@ down() {
 
 # iperf3 receiver goodput in Mbit/s: $1 = parallel streams, $2 = congestion control ("-" with
 # IPERF=0).
+# A failed run reads 0 (a MISS in its row) and says why on stderr; the table goes on.
 iperf() {
   [[ $IPERF == 0 ]] && { echo "-"; return; }
-  in_region 0 iperf3 -c "$SERVER" -P "$1" -C "$2" -t "$SECONDS_PER" -O "$WARMUP" -f m 2>&1 |
-    awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") v = $(i - 1) }
-         END { print (v == "" ? "0" : v) }'
+  local out
+  out=$(in_region 0 iperf3 -c "$SERVER" -P "$1" -C "$2" -t "$SECONDS_PER" -O "$WARMUP" -f m 2>&1) ||
+    echo "link_vs_iperf: iperf3 -P $1 -C $2 failed: $(tail -n 1 <<<"$out")" >&2
+  awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") v = $(i - 1) }
+       END { print (v == "" ? "0" : v) }' <<<"$out"
 }
 # strait-bench link goodput in Mbit/s with $STREAMS streams (default adaptive); flags follow.
 strait() {
   local out
   out=$(in_region 0 "$BENCH" link --connect "$SERVER:$PORT" --streams "${STREAMS:-adaptive}" \
           --duration "${SECONDS_PER}s" --warmup "${WARMUP}s" --codecs none --json "$@" \
-          2>>"$TMP/client.log") || { echo "0"; return; }
-  echo "$out" | grep -m1 '"goodput_bps"' | sed 's/.*: *\([0-9.e+]*\).*/\1/' |
+          2>>"$TMP/client.log") || {
+    echo "link_vs_iperf: strait-bench link failed: $(tail -n 1 "$TMP/client.log")" >&2
+    echo "0"
+    return
+  }
+  { grep -m1 '"goodput_bps"' <<<"$out" || echo 0; } | sed 's/.*: *\([0-9.e+]*\).*/\1/' |
     awk '{ printf "%.1f", $1 / 1e6 }'
-  echo "$out" | grep -m1 '"streams_end"' | sed 's/[^0-9]//g' >"$TMP/streams_end"
+  { grep -m1 '"streams_end"' <<<"$out" || echo "?"; } | sed 's/[^0-9?]//g' >"$TMP/streams_end"
 }
 
 ROWS=()
