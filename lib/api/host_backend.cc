@@ -16,6 +16,7 @@
 #include "collective/net_transport.h"
 #include "collective/plan.h"
 #include "common/clock.h"
+#include "common/endian.h"
 #include "common/strings.h"
 #include "gateway/client.h"
 #include "net/link.h"
@@ -24,37 +25,6 @@
 
 namespace strait::api {
 namespace {
-
-enum class Kind : uint8_t {
-  kPart = 0,    // phase 1: a rank's input for a chunk of another rank's shard
-  kResult = 1,  // phase 3: a chunk of a finished shard
-};
-
-// Phase 2 ends this long before the operation (at most) so that a rank whose gateway times out
-// can still abort the region before the other ranks' own waits end.
-constexpr int64_t kMaxAbortMarginNanos = 2'000'000'000;
-
-bool IsFloatPath(DataType dtype, ReduceOp op) {
-  return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
-}
-
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
-std::string Describe(uint64_t count, uint8_t dtype, uint8_t op) {
-  if (!IsValidDataType(dtype) || !IsValidReduceOp(op)) {
-    return std::to_string(count) + " elements of dtype " + std::to_string(dtype) + " (op " +
-           std::to_string(op) + ")";
-  }
-  return std::to_string(count) + " " + DataTypeName(static_cast<DataType>(dtype)) + " (" +
-         ReduceOpName(static_cast<ReduceOp>(op)) + ")";
-}
 
 // The first failed send of an operation; sends are not waited for (a rank that received
 // everything it needs is done: what it sent is the receivers' concern, and they wait for it).
@@ -186,8 +156,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     auto endpoint = net::Endpoint::Create(eo, [receivers, self](std::shared_ptr<net::Link>) {
       return net::MessageCallback([receivers, self](uint32_t channel, std::vector<uint8_t> msg) {
         if (msg.size() >= collective::kNetTransportHeaderSize) {
-          const uint32_t sender = uint32_t{msg[4]} | uint32_t{msg[5]} << 8 |
-                                  uint32_t{msg[6]} << 16 | uint32_t{msg[7]} << 24;
+          const uint32_t sender = GetU32(&msg[4]);
           if (sender < receivers.size() && static_cast<int>(sender) != self) {
             receivers[sender](channel, std::move(msg));
           }
@@ -278,137 +247,45 @@ Status HostComm::RunAllReduce(uint8_t* data, size_t count, DataType dtype, Reduc
   const size_t elem = DataTypeSize(dtype);
   const uint64_t op_id = next_op_++ & collective::kOpIdMask;
   const Deadline deadline = Deadline::After(options_.timeout_ns);
-  const bool float_path = IsFloatPath(dtype, op);
+  const bool float_path = collective::IsFloatReduction(dtype, op);
   const std::string what = "all-reduce of " + std::to_string(count) + " " + DataTypeName(dtype) +
                            " (" + ReduceOpName(op) + ", tensor '" + tensor_key + "') on rank " +
                            std::to_string(me) + " of region " + options_.region;
 
-  collective::PlanOptions po;
-  po.count = count;
-  po.world = m;
-  po.chunk_elements = std::max<size_t>(1, kRegionChunkBytes / elem);
-  po.algorithm = collective::Algorithm::kMesh;
-  auto plan_or = collective::MakePlan(po);
-  if (!plan_or.ok()) return plan_or.status().WithContext(what);
-  const collective::Plan plan = std::move(plan_or).value();
-  const collective::Shard shard = plan.shards[static_cast<size_t>(me)];
+  auto plan = collective::RegionPlan(count, m, std::max<size_t>(1, kRegionChunkBytes / elem));
+  if (!plan.ok()) return plan.status().WithContext(what);
+  const collective::Shard shard = plan->shards[static_cast<size_t>(me)];
 
+  // Phases 1 and 3 are the gateways' region phases (collective/hierarchical.h) among the ranks.
+  // Sends are not waited for (see SendErrors): only their failures are kept.
   auto errors = std::make_shared<SendErrors>();
-  const auto message = [&](Kind kind, const uint8_t* payload, size_t size) {
-    std::vector<uint8_t> out(kHostMessageHeaderSize + size);
-    out[0] = kHostMessageVersion;
-    out[1] = static_cast<uint8_t>(kind);
-    out[2] = static_cast<uint8_t>(dtype);
-    out[3] = static_cast<uint8_t>(op);
-    PutU64(&out[8], count);
-    if (size > 0) std::memcpy(out.data() + kHostMessageHeaderSize, payload, size);
-    return out;
-  };
-  const auto send_to = [&](int peer, uint64_t tag, std::vector<uint8_t> bytes) {
-    g.transport->Send(peer, tag, std::move(bytes), deadline, [errors](Status s) {
+  collective::RegionOperation region;
+  region.transport = g.transport.get();
+  region.op_id = op_id;
+  region.plan = &*plan;
+  region.data = data;
+  region.dtype = dtype;
+  region.op = op;
+  region.deadline = deadline;
+  region.track_send = [errors] {
+    return collective::SendDone([errors](Status s) {
       if (s.ok()) return;
       std::lock_guard<std::mutex> l(errors->mu);
-      if (errors->first.ok()) errors->first = s;
+      if (errors->first.ok()) errors->first = std::move(s);
     });
   };
-  bool aborted_by_peer = false;
-  std::vector<uint8_t> msg;
-  const auto receive = [&](int peer, collective::TagPhase phase, const collective::Chunk& chunk,
-                           const char* part) -> Status {
-    const uint64_t tag = collective::MakeTag(op_id, phase, chunk.id);
-    Status s = g.transport->Recv(peer, tag, deadline, &msg);
-    if (!s.ok()) {
-      aborted_by_peer = s.code() == StatusCode::kAborted;
-      return s.WithContext("waiting for rank " + std::to_string(peer) + "'s " + part +
-                           " of elements " + std::to_string(chunk.begin) + ".." +
-                           std::to_string(chunk.begin + chunk.count));
-    }
-    const std::string from = "rank " + std::to_string(peer) + " of region " + options_.region;
-    if (msg.size() < kHostMessageHeaderSize || msg[0] != kHostMessageVersion ||
-        msg[1] != static_cast<uint8_t>(
-                      phase == collective::TagPhase::kMeshScatter ? Kind::kPart : Kind::kResult)) {
-      return DataLossError(from + " sent a malformed " + part + " message (" +
-                           std::to_string(msg.size()) + " bytes, version " +
-                           std::to_string(msg.empty() ? 0 : msg[0]) +
-                           "): run the same Strait version on every rank");
-    }
-    const uint64_t n = GetU64(&msg[8]);
-    if (msg[2] != static_cast<uint8_t>(dtype) || msg[3] != static_cast<uint8_t>(op) || n != count) {
-      return FailedPreconditionError(
-          "every rank must issue the same all-reduces in the same order, but " + from +
-          " runs one of " + Describe(n, msg[2], msg[3]) + " and this rank one of " +
-          Describe(count, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op)));
-    }
-    if (msg.size() - kHostMessageHeaderSize != chunk.count * elem) {
-      return DataLossError(from + " sent " + std::to_string(msg.size() - kHostMessageHeaderSize) +
-                           " bytes for a chunk of " + std::to_string(chunk.count * elem));
-    }
-    return Status::Ok();
+  region.names.peer = [this](int peer) {
+    return "rank " + std::to_string(peer) + " of region " + options_.region;
   };
-
-  // Phase 1: send my parts of the other shards (round-robin over owners so that every rank
-  // gets its first parts early), then reduce my shard in fixed rank order.
-  const auto reduce_scatter = [&]() -> Status {
-    size_t rounds = 0;
-    for (int o = 0; o < m; ++o) rounds = std::max(rounds, plan.ChunkCount(o));
-    for (size_t k = 0; k < rounds; ++k) {
-      for (int j = 1; j < m; ++j) {
-        const int owner = (me + j) % m;
-        if (k >= plan.ChunkCount(owner)) continue;
-        const collective::Chunk& c = plan.ChunkOf(owner, k);
-        send_to(owner, collective::MakeTag(op_id, collective::TagPhase::kMeshScatter, c.id),
-                message(Kind::kPart, data + c.begin * elem, c.count * elem));
-      }
-    }
-    const ReduceOp exact_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    std::vector<float> facc, in;
-    std::vector<uint8_t> tacc;
-    for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
-      const collective::Chunk& c = plan.ChunkOf(me, k);
-      uint8_t* const mine = data + c.begin * elem;
-      const size_t n = c.count;
-      facc.resize(float_path ? n : 0);
-      in.resize(float_path ? n : 0);
-      tacc.resize(float_path ? 0 : n * elem);
-      for (int r = 0; r < m; ++r) {
-        const uint8_t* part = mine;
-        if (r != me) {
-          STRAIT_RETURN_IF_ERROR(receive(r, collective::TagPhase::kMeshScatter, c, "part"));
-          part = msg.data() + kHostMessageHeaderSize;
-        }
-        if (float_path) {
-          STRAIT_RETURN_IF_ERROR(ConvertToFloat(part, dtype, r == 0 ? facc.data() : in.data(), n));
-          if (r > 0) {
-            for (size_t i = 0; i < n; ++i) facc[i] += in[i];
-          }
-        } else if (r == 0) {
-          std::memcpy(tacc.data(), part, n * elem);
-        } else {
-          STRAIT_RETURN_IF_ERROR(ReduceInPlace(dtype, exact_op, part, tacc.data(), n));
-        }
-      }
-      if (float_path) {
-        if (op == ReduceOp::kAvg) {
-          const float divisor = static_cast<float>(m);
-          for (float& x : facc) x /= divisor;
-        }
-        STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc.data(), mine, dtype, n));
-      } else {
-        std::memcpy(mine, tacc.data(), n * elem);
-      }
-    }
-    return Status::Ok();
-  };
+  region.names.self = "this rank";
+  region.names.members = "rank";
+  region.names.mismatch_code = StatusCode::kFailedPrecondition;
 
   // Phase 2: my shard across the regions, through my gateway.
   const auto cross = [&]() -> Status {
     if (shard.count == 0) return Status::Ok();
     const std::string key = collective::RegionShardKey(tensor_key, me, m);
-    Deadline sub = deadline;
-    if (m > 1 && !deadline.IsInfinite()) {
-      const int64_t left = deadline.RemainingNanos();
-      sub = Deadline::After(left - std::min(left / 10, kMaxAbortMarginNanos));
-    }
+    const Deadline sub = collective::CrossPhaseDeadline(deadline, m);
     const size_t piece = std::max<size_t>(1, kMaxCrossBytes / elem);
     const size_t pieces = (shard.count + piece - 1) / piece;
     for (size_t k = 0; k < pieces; ++k) {
@@ -436,29 +313,12 @@ Status HostComm::RunAllReduce(uint8_t* data, size_t count, DataType dtype, Reduc
     return Status::Ok();
   };
 
-  // Phase 3: send my finished shard to the region, take every other rank's.
-  const auto all_gather = [&]() -> Status {
-    for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
-      const collective::Chunk& c = plan.ChunkOf(me, k);
-      const uint64_t tag = collective::MakeTag(op_id, collective::TagPhase::kMeshGather, c.id);
-      for (int j = 1; j < m; ++j) {
-        send_to((me + j) % m, tag, message(Kind::kResult, data + c.begin * elem, c.count * elem));
-      }
-    }
-    for (int j = 1; j < m; ++j) {
-      const int owner = (me + j) % m;
-      for (size_t k = 0; k < plan.ChunkCount(owner); ++k) {
-        const collective::Chunk& c = plan.ChunkOf(owner, k);
-        STRAIT_RETURN_IF_ERROR(receive(owner, collective::TagPhase::kMeshGather, c, "result"));
-        std::memcpy(data + c.begin * elem, msg.data() + kHostMessageHeaderSize, c.count * elem);
-      }
-    }
-    return Status::Ok();
-  };
-
-  Status status = reduce_scatter().WithContext("intra-region reduce-scatter");
+  Status status =
+      collective::RegionReduceScatter(region).WithContext("intra-region reduce-scatter");
   if (status.ok()) status = cross();
-  if (status.ok()) status = all_gather().WithContext("intra-region all-gather");
+  if (status.ok()) {
+    status = collective::RegionAllGather(region).WithContext("intra-region all-gather");
+  }
   if (status.ok()) {
     std::lock_guard<std::mutex> l(errors->mu);
     if (!errors->first.ok()) status = errors->first.WithContext("sending to the region");
@@ -466,7 +326,7 @@ Status HostComm::RunAllReduce(uint8_t* data, size_t count, DataType dtype, Reduc
   if (!status.ok()) {
     status = status.WithContext(what);
     // Tell the region at once, unless the failure is a peer's abort (echoing it adds nothing).
-    if (!aborted_by_peer && m > 1) g.transport->Abort(op_id, status);
+    if (!region.peer_aborted && m > 1) g.transport->Abort(op_id, status);
   }
   return status;
 }

@@ -23,18 +23,14 @@
 // by m first (integers truncate twice, which equals truncating once: trunc(trunc(x/n)/m) =
 // trunc(x/(n m))).
 //
-// Intra-region messages (tags MakeTag(op id, kMeshScatter / kMeshGather, chunk id) of a mesh plan
-// over the region) start with a 16-byte header, as the gateways' region phase does:
-//   off size field (little-endian)
-//     0    1 version (kHostMessageVersion = 1)
-//     1    1 kind: 0 = reduce-scatter part, 1 = all-gather result (explicit, never renumbered)
-//     2    1 dtype
-//     3    1 op
-//     4    4 reserved, zero
-//     8    8 the whole tensor's element count
-//    16    . the chunk's elements, raw
-// A message whose dtype, op or count differ from this rank's call fails the operation with
-// kFailedPrecondition naming both (the ranks did not issue the same all-reduces).
+// Phases 1 and 3 are the gateways' region phases (collective::RegionReduceScatter and
+// collective::RegionAllGather over a collective::RegionPlan with chunks of kRegionChunkBytes),
+// so their messages are the ones collective/hierarchical.h documents: a 16-byte header (version
+// kHierarchicalVersion = 1, kind 0 = part / 1 = result, dtype, op, the whole tensor's count)
+// and the chunk's elements, raw. They travel only between the ranks of one comm (this backend
+// on every rank; no gateway reads them). A message whose dtype, op or count differ from this
+// rank's call fails the operation with kFailedPrecondition naming both (the ranks did not issue
+// the same all-reduces).
 //
 // Failure: every wait ends by the operation's deadline; a rank that fails aborts the operation
 // on the region transport (its peers stop at once, naming it). A failed operation fails the
@@ -57,8 +53,6 @@
 
 namespace strait::api {
 
-inline constexpr uint8_t kHostMessageVersion = 1;
-inline constexpr size_t kHostMessageHeaderSize = 16;
 // Phase 2 sends a shard in requests of at most this many bytes (the local protocol's frames are
 // limited to 256 MiB).
 inline constexpr size_t kMaxCrossBytes = size_t{64} << 20;

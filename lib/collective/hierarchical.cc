@@ -16,18 +16,14 @@ namespace strait::collective {
 namespace {
 
 enum class Kind : uint8_t {
-  kPart = 0,    // phase 1: a gateway's input for a chunk of another gateway's shard
+  kPart = 0,    // phase 1: a member's input for a chunk of another member's shard
   kResult = 1,  // phase 3: a chunk of a finished shard
 };
 
-// The phase-2 deadline ends this long before the operation's (at most), so that a gateway whose
+// The phase-2 deadline ends this long before the operation's (at most), so that a member whose
 // cross-region phase fails at its deadline still has time to tell its region (an abort) before
 // their own waits end: they then report its reason, not a bare timeout.
 constexpr int64_t kMaxAbortMarginNanos = 2'000'000'000;
-
-bool IsFloatPath(DataType dtype, ReduceOp op) {
-  return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
-}
 
 std::string Describe(uint64_t count, uint8_t dtype, uint8_t op) {
   const bool known = IsValidDataType(dtype) && IsValidReduceOp(op);
@@ -39,90 +35,102 @@ std::string Describe(uint64_t count, uint8_t dtype, uint8_t op) {
          ReduceOpName(static_cast<ReduceOp>(op)) + ")";
 }
 
-struct Context {
-  const AllReduceRequest* request = nullptr;
-  Transport* region = nullptr;
-  uint64_t op_id = 0;  // of the region operation
-  Plan plan;           // the region plan: shard g belongs to gateway g
-  int me = 0;
-  int m = 1;
-  size_t elem = 4;
-  uint8_t* data = nullptr;
-  bool float_path = false;
-  internal::SendTracker sends;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  // A region wait failed because another gateway of the region aborted the operation: it told
-  // the region already.
-  bool region_aborted = false;
+std::string PeerOf(const RegionOperation& o, int g) {
+  return o.names.peer ? o.names.peer(g) : "region gateway " + o.transport->PeerName(g);
+}
 
-  std::string Peer(int g) const { return "region gateway " + region->PeerName(g); }
+size_t ElemOf(const RegionOperation& o) {
+  return DataTypeSize(o.dtype);
+}
 
-  std::vector<uint8_t> Message(Kind kind, const uint8_t* payload, size_t size) const {
-    std::vector<uint8_t> out(kHierarchicalHeaderSize + size);
-    out[0] = kHierarchicalVersion;
-    out[1] = static_cast<uint8_t>(kind);
-    out[2] = static_cast<uint8_t>(request->dtype);
-    out[3] = static_cast<uint8_t>(request->op);
-    PutU64(&out[8], request->count);
-    if (size > 0) std::memcpy(out.data() + kHierarchicalHeaderSize, payload, size);
-    return out;
+std::vector<uint8_t> Message(const RegionOperation& o, Kind kind, const uint8_t* payload,
+                             size_t size) {
+  std::vector<uint8_t> out(kHierarchicalHeaderSize + size);
+  out[0] = kHierarchicalVersion;
+  out[1] = static_cast<uint8_t>(kind);
+  out[2] = static_cast<uint8_t>(o.dtype);
+  out[3] = static_cast<uint8_t>(o.op);
+  PutU64(&out[8], o.plan->count);
+  if (size > 0) std::memcpy(out.data() + kHierarchicalHeaderSize, payload, size);
+  return out;
+}
+
+void Send(RegionOperation& o, int peer, uint64_t tag, std::vector<uint8_t> message) {
+  o.bytes_sent += message.size();
+  o.transport->Send(peer, tag, std::move(message), o.deadline,
+                    o.track_send ? o.track_send() : SendDone([](const Status&) {}));
+}
+
+// Receives member g's message for `chunk` of `phase` and checks its header against this
+// member's operation; the payload follows the header in *out.
+Status Receive(RegionOperation& o, int g, TagPhase phase, const Chunk& chunk, const char* what,
+               std::vector<uint8_t>* out) {
+  const uint64_t tag = MakeTag(o.op_id, phase, chunk.id);
+  Status s = o.transport->Recv(g, tag, o.deadline, out);
+  if (!s.ok()) {
+    o.peer_aborted = s.code() == StatusCode::kAborted;
+    return s.WithContext("waiting for " + PeerOf(o, g) + "'s " + what + " of chunk " +
+                         std::to_string(chunk.id) + " (elements " + std::to_string(chunk.begin) +
+                         ".." + std::to_string(chunk.begin + chunk.count) + ")");
   }
-
-  void Send(int peer, uint64_t tag, std::vector<uint8_t> message) {
-    bytes_sent += message.size();
-    region->Send(peer, tag, std::move(message), request->deadline, sends.Track());
+  o.bytes_received += out->size();
+  const std::vector<uint8_t>& msg = *out;
+  if (msg.size() < kHierarchicalHeaderSize) {
+    return DataLossError(PeerOf(o, g) + " sent a " + std::to_string(msg.size()) +
+                         "-byte message, shorter than the " +
+                         std::to_string(kHierarchicalHeaderSize) + "-byte header");
   }
-
-  // Receives gateway g's message for `chunk` of `phase` and checks its header against this
-  // gateway's request; the payload follows the header in *out.
-  Status Receive(int g, TagPhase phase, const Chunk& chunk, const char* what,
-                 std::vector<uint8_t>* out) {
-    const uint64_t tag = MakeTag(op_id, phase, chunk.id);
-    Status s = region->Recv(g, tag, request->deadline, out);
-    if (!s.ok()) {
-      region_aborted = s.code() == StatusCode::kAborted;
-      return s.WithContext("waiting for " + Peer(g) + "'s " + what + " of chunk " +
-                           std::to_string(chunk.id) + " (elements " + std::to_string(chunk.begin) +
-                           ".." + std::to_string(chunk.begin + chunk.count) + ")");
-    }
-    bytes_received += out->size();
-    const std::vector<uint8_t>& msg = *out;
-    if (msg.size() < kHierarchicalHeaderSize) {
-      return DataLossError(Peer(g) + " sent a " + std::to_string(msg.size()) +
-                           "-byte message, shorter than the " +
-                           std::to_string(kHierarchicalHeaderSize) + "-byte header");
-    }
-    if (msg[0] != kHierarchicalVersion) {
-      return DataLossError(Peer(g) + " sent intra-region message version " +
-                           std::to_string(msg[0]) + "; this build speaks " +
-                           std::to_string(kHierarchicalVersion) + " (upgrade the older side)");
-    }
-    const Kind expect = phase == TagPhase::kMeshScatter ? Kind::kPart : Kind::kResult;
-    if (msg[1] != static_cast<uint8_t>(expect)) {
-      return DataLossError(Peer(g) + " sent message kind " + std::to_string(msg[1]) + " where a " +
-                           what + " belongs");
-    }
-    const uint64_t count = GetU64(&msg[8]);
-    if (msg[2] != static_cast<uint8_t>(request->dtype) ||
-        msg[3] != static_cast<uint8_t>(request->op) || count != request->count) {
-      return InvalidArgumentError(
-          "every node head of the region must issue the same all-reduces in the same order, "
-          "but " +
-          Peer(g) + " runs one of " + Describe(count, msg[2], msg[3]) +
-          " and this gateway one of " +
-          Describe(request->count, static_cast<uint8_t>(request->dtype),
-                   static_cast<uint8_t>(request->op)));
-    }
-    if (msg.size() - kHierarchicalHeaderSize != chunk.count * elem) {
-      return DataLossError(Peer(g) + " sent " +
-                           std::to_string(msg.size() - kHierarchicalHeaderSize) +
-                           " bytes for chunk " + std::to_string(chunk.id) + ", which needs " +
-                           std::to_string(chunk.count * elem));
-    }
-    return Status::Ok();
+  if (msg[0] != kHierarchicalVersion) {
+    return DataLossError(PeerOf(o, g) + " sent intra-region message version " +
+                         std::to_string(msg[0]) + "; this build speaks " +
+                         std::to_string(kHierarchicalVersion) + " (upgrade the older side)");
   }
-};
+  const Kind expect = phase == TagPhase::kMeshScatter ? Kind::kPart : Kind::kResult;
+  if (msg[1] != static_cast<uint8_t>(expect)) {
+    return DataLossError(PeerOf(o, g) + " sent message kind " + std::to_string(msg[1]) +
+                         " where a " + what + " belongs");
+  }
+  const uint64_t count = GetU64(&msg[8]);
+  if (msg[2] != static_cast<uint8_t>(o.dtype) || msg[3] != static_cast<uint8_t>(o.op) ||
+      count != o.plan->count) {
+    return Status(
+        o.names.mismatch_code,
+        "every " + o.names.members + " must issue the same all-reduces in the same order, but " +
+            PeerOf(o, g) + " runs one of " + Describe(count, msg[2], msg[3]) + " and " +
+            o.names.self + " one of " +
+            Describe(o.plan->count, static_cast<uint8_t>(o.dtype), static_cast<uint8_t>(o.op)));
+  }
+  const size_t elem = ElemOf(o);
+  if (msg.size() - kHierarchicalHeaderSize != chunk.count * elem) {
+    return DataLossError(PeerOf(o, g) + " sent " +
+                         std::to_string(msg.size() - kHierarchicalHeaderSize) +
+                         " bytes for chunk " + std::to_string(chunk.id) + ", which needs " +
+                         std::to_string(chunk.count * elem));
+  }
+  return Status::Ok();
+}
+
+Status CheckOperation(const RegionOperation& o) {
+  if (o.transport == nullptr) return InvalidArgumentError("region operation: no transport");
+  if (o.plan == nullptr) return InvalidArgumentError("region operation: no plan");
+  const int m = o.transport->size();
+  const int me = o.transport->rank();
+  if (m < 1 || me < 0 || me >= m || o.plan->shards.size() != static_cast<size_t>(m)) {
+    return InvalidArgumentError("region operation: the plan has " +
+                                std::to_string(o.plan->shards.size()) +
+                                " shards but the transport reports rank " + std::to_string(me) +
+                                " of " + std::to_string(m));
+  }
+  if (!IsValidDataType(static_cast<uint8_t>(o.dtype)) ||
+      !IsValidReduceOp(static_cast<uint8_t>(o.op))) {
+    return InvalidArgumentError("region operation: invalid dtype or op");
+  }
+  if (o.plan->count > 0 && o.data == nullptr) {
+    return InvalidArgumentError("region operation: data is null for " +
+                                std::to_string(o.plan->count) + " elements");
+  }
+  return Status::Ok();
+}
 
 Status Validate(const Transport& region, const Transport& cross, const AllReduceRequest& r) {
   for (const Transport* t : {&region, &cross}) {
@@ -144,7 +152,7 @@ Status Validate(const Transport& region, const Transport& cross, const AllReduce
   }
   // Checked here as well as in phase 2, so that no gateway starts phase 1 with a request that
   // phase 2 refuses.
-  if (IsLossyCodec(r.codec.codec) && !IsFloatPath(r.dtype, r.op)) {
+  if (IsLossyCodec(r.codec.codec) && !IsFloatReduction(r.dtype, r.op)) {
     return InvalidArgumentError(
         std::string("codec ") + CodecName(r.codec.codec) +
         " is lossy and applies only to sum or avg of float32, bfloat16 or float16, not " +
@@ -154,97 +162,116 @@ Status Validate(const Transport& region, const Transport& cross, const AllReduce
   return Status::Ok();
 }
 
-// Phase 1: send this gateway's parts of the other shards, then reduce its own shard in fixed
-// gateway order into the caller's buffer.
-Status ReduceScatter(Context& c) {
-  const int m = c.m;
+}  // namespace
+
+bool IsFloatReduction(DataType dtype, ReduceOp op) {
+  return IsLossyCodableType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+}
+
+Deadline CrossPhaseDeadline(Deadline deadline, int members) {
+  if (members <= 1 || deadline.IsInfinite()) return deadline;
+  const int64_t left = deadline.RemainingNanos();
+  return Deadline::After(left - std::min(left / 10, kMaxAbortMarginNanos));
+}
+
+StatusOr<Plan> RegionPlan(size_t count, int members, size_t chunk_elements) {
+  PlanOptions o;
+  o.count = count;
+  o.world = members;
+  o.chunk_elements = chunk_elements;
+  o.algorithm = Algorithm::kMesh;
+  return MakePlan(o);
+}
+
+Status RegionReduceScatter(RegionOperation& o) {
+  STRAIT_RETURN_IF_ERROR(CheckOperation(o));
+  const Plan& plan = *o.plan;
+  const int m = o.transport->size();
+  const int me = o.transport->rank();
+  const size_t elem = ElemOf(o);
   size_t rounds = 0;
-  for (int g = 0; g < m; ++g) rounds = std::max(rounds, c.plan.ChunkCount(g));
-  // Round-robin over owners, so that every gateway gets its first parts early.
+  for (int g = 0; g < m; ++g) rounds = std::max(rounds, plan.ChunkCount(g));
+  // Round-robin over owners, so that every member gets its first parts early.
   for (size_t k = 0; k < rounds; ++k) {
     for (int j = 1; j < m; ++j) {
-      const int owner = (c.me + j) % m;
-      if (k >= c.plan.ChunkCount(owner)) continue;
-      const Chunk& chunk = c.plan.ChunkOf(owner, k);
-      c.Send(owner, MakeTag(c.op_id, TagPhase::kMeshScatter, chunk.id),
-             c.Message(Kind::kPart, c.data + chunk.begin * c.elem, chunk.count * c.elem));
+      const int owner = (me + j) % m;
+      if (k >= plan.ChunkCount(owner)) continue;
+      const Chunk& chunk = plan.ChunkOf(owner, k);
+      Send(o, owner, MakeTag(o.op_id, TagPhase::kMeshScatter, chunk.id),
+           Message(o, Kind::kPart, o.data + chunk.begin * elem, chunk.count * elem));
     }
   }
-  const DataType dtype = c.request->dtype;
-  const ReduceOp exact_op = c.request->op == ReduceOp::kAvg ? ReduceOp::kSum : c.request->op;
+  const bool float_path = IsFloatReduction(o.dtype, o.op);
+  const ReduceOp exact_op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
   std::vector<uint8_t> msg;
   std::vector<float> facc, in;
   std::vector<uint8_t> tacc;
-  for (size_t k = 0; k < c.plan.ChunkCount(c.me); ++k) {
-    const Chunk& chunk = c.plan.ChunkOf(c.me, k);
-    uint8_t* const mine = c.data + chunk.begin * c.elem;
+  for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
+    const Chunk& chunk = plan.ChunkOf(me, k);
+    uint8_t* const mine = o.data + chunk.begin * elem;
     const size_t n = chunk.count;
-    facc.resize(c.float_path ? n : 0);
-    in.resize(c.float_path ? n : 0);
-    tacc.resize(c.float_path ? 0 : n * c.elem);
+    facc.resize(float_path ? n : 0);
+    in.resize(float_path ? n : 0);
+    tacc.resize(float_path ? 0 : n * elem);
     for (int g = 0; g < m; ++g) {
       const uint8_t* part = mine;
-      if (g != c.me) {
-        STRAIT_RETURN_IF_ERROR(c.Receive(g, TagPhase::kMeshScatter, chunk, "part", &msg));
+      if (g != me) {
+        STRAIT_RETURN_IF_ERROR(Receive(o, g, TagPhase::kMeshScatter, chunk, "part", &msg));
         part = msg.data() + kHierarchicalHeaderSize;
       }
-      if (c.float_path) {
-        STRAIT_RETURN_IF_ERROR(ConvertToFloat(part, dtype, g == 0 ? facc.data() : in.data(), n));
+      if (float_path) {
+        STRAIT_RETURN_IF_ERROR(ConvertToFloat(part, o.dtype, g == 0 ? facc.data() : in.data(), n));
         if (g > 0) {
           for (size_t i = 0; i < n; ++i) facc[i] += in[i];
         }
       } else if (g == 0) {
-        std::memcpy(tacc.data(), part, n * c.elem);
+        std::memcpy(tacc.data(), part, n * elem);
       } else {
-        STRAIT_RETURN_IF_ERROR(ReduceInPlace(dtype, exact_op, part, tacc.data(), n));
+        STRAIT_RETURN_IF_ERROR(ReduceInPlace(o.dtype, exact_op, part, tacc.data(), n));
       }
     }
-    if (c.float_path) {
-      if (c.request->op == ReduceOp::kAvg) {
+    if (float_path) {
+      if (o.op == ReduceOp::kAvg) {
         const float divisor = static_cast<float>(m);
         for (float& x : facc) x /= divisor;
       }
-      STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc.data(), mine, dtype, n));
+      STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc.data(), mine, o.dtype, n));
     } else {
-      std::memcpy(mine, tacc.data(), n * c.elem);
+      std::memcpy(mine, tacc.data(), n * elem);
     }
   }
   return Status::Ok();
 }
 
-// Phase 3: send the finished shard to the region, then take every other gateway's.
-Status AllGather(Context& c) {
-  const int m = c.m;
-  for (size_t k = 0; k < c.plan.ChunkCount(c.me); ++k) {
-    const Chunk& chunk = c.plan.ChunkOf(c.me, k);
-    const uint64_t tag = MakeTag(c.op_id, TagPhase::kMeshGather, chunk.id);
+Status RegionAllGather(RegionOperation& o) {
+  STRAIT_RETURN_IF_ERROR(CheckOperation(o));
+  const Plan& plan = *o.plan;
+  const int m = o.transport->size();
+  const int me = o.transport->rank();
+  const size_t elem = ElemOf(o);
+  for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
+    const Chunk& chunk = plan.ChunkOf(me, k);
+    const uint64_t tag = MakeTag(o.op_id, TagPhase::kMeshGather, chunk.id);
     for (int j = 1; j < m; ++j) {
-      c.Send((c.me + j) % m, tag,
-             c.Message(Kind::kResult, c.data + chunk.begin * c.elem, chunk.count * c.elem));
+      Send(o, (me + j) % m, tag,
+           Message(o, Kind::kResult, o.data + chunk.begin * elem, chunk.count * elem));
     }
   }
   std::vector<uint8_t> msg;
   for (int j = 1; j < m; ++j) {
-    const int owner = (c.me + j) % m;
-    for (size_t k = 0; k < c.plan.ChunkCount(owner); ++k) {
-      const Chunk& chunk = c.plan.ChunkOf(owner, k);
-      STRAIT_RETURN_IF_ERROR(c.Receive(owner, TagPhase::kMeshGather, chunk, "result", &msg));
-      std::memcpy(c.data + chunk.begin * c.elem, msg.data() + kHierarchicalHeaderSize,
-                  chunk.count * c.elem);
+    const int owner = (me + j) % m;
+    for (size_t k = 0; k < plan.ChunkCount(owner); ++k) {
+      const Chunk& chunk = plan.ChunkOf(owner, k);
+      STRAIT_RETURN_IF_ERROR(Receive(o, owner, TagPhase::kMeshGather, chunk, "result", &msg));
+      std::memcpy(o.data + chunk.begin * elem, msg.data() + kHierarchicalHeaderSize,
+                  chunk.count * elem);
     }
   }
   return Status::Ok();
 }
 
-}  // namespace
-
 std::vector<Shard> RegionShards(size_t count, int gateways) {
-  PlanOptions o;
-  o.count = count;
-  o.world = gateways;
-  o.chunk_elements = std::max<size_t>(count, 1);
-  o.algorithm = Algorithm::kMesh;
-  auto plan = MakePlan(o);
+  auto plan = RegionPlan(count, gateways, std::max<size_t>(count, 1));
   if (!plan.ok()) return {};
   return plan->shards;
 }
@@ -263,64 +290,60 @@ Status HierarchicalAllReduce(const RegionSide& region_side, Transport& cross,
   }
   Transport& region = *region_side.transport;
   STRAIT_RETURN_IF_ERROR(Validate(region, cross, request).WithContext(what));
-  Context c;
-  c.request = &request;
-  c.region = &region;
-  c.op_id = region_side.op_id;
-  c.me = region.rank();
-  c.m = region.size();
-  c.elem = DataTypeSize(request.dtype);
-  c.data = static_cast<uint8_t*>(request.data);
-  c.float_path = IsFloatPath(request.dtype, request.op);
-  PlanOptions po;
-  po.count = request.count;
-  po.world = c.m;
-  po.chunk_elements = request.chunk_elements;
-  po.algorithm = Algorithm::kMesh;
-  auto plan = MakePlan(po);
+  auto plan = RegionPlan(request.count, region.size(), request.chunk_elements);
   if (!plan.ok()) return plan.status().WithContext(what + ": region plan");
-  c.plan = std::move(plan).value();
-  const Shard shard = c.plan.shards[static_cast<size_t>(c.me)];
+  const int me = region.rank();
+  const int m = region.size();
+  const size_t elem = DataTypeSize(request.dtype);
+  const bool float_path = IsFloatReduction(request.dtype, request.op);
+  internal::SendTracker sends;
+  RegionOperation c;
+  c.transport = &region;
+  c.op_id = region_side.op_id;
+  c.plan = &*plan;
+  c.data = static_cast<uint8_t*>(request.data);
+  c.dtype = request.dtype;
+  c.op = request.op;
+  c.deadline = request.deadline;
+  c.track_send = [&sends] { return sends.Track(); };
+  const Shard shard = plan->shards[static_cast<size_t>(me)];
   if (stats != nullptr) stats->shard = shard;
 
   // Who has heard of a failure: each transport's peers learn it from this gateway's abort,
   // unless the failure is an abort that came over that transport (echoing it would only repeat
   // the cause under this gateway's name).
   bool cross_told = false;
-  Status status = ReduceScatter(c).WithContext("intra-region reduce-scatter");
+  Status status = RegionReduceScatter(c).WithContext("intra-region reduce-scatter");
   if (status.ok()) {
     AllReduceRequest sub = request;
-    sub.tensor_key = RegionShardKey(request.tensor_key, c.me, c.m);
+    sub.tensor_key = RegionShardKey(request.tensor_key, me, m);
     sub.count = shard.count;
-    sub.data = c.data + shard.begin * c.elem;
+    sub.data = c.data + shard.begin * elem;
     sub.codec.index_offset += shard.begin;
-    const bool exact_avg = !c.float_path && request.op == ReduceOp::kAvg;
+    const bool exact_avg = !float_path && request.op == ReduceOp::kAvg;
     if (exact_avg) sub.op = ReduceOp::kSum;  // divided by m x n once, below
-    if (c.m > 1 && !request.deadline.IsInfinite()) {
-      const int64_t left = request.deadline.RemainingNanos();
-      sub.deadline = Deadline::After(left - std::min(left / 10, kMaxAbortMarginNanos));
-    }
+    sub.deadline = CrossPhaseDeadline(request.deadline, m);
     AllReduceStats cross_stats;
     status = AllReduce(cross, sub, &cross_stats);
     cross_told = !status.ok();  // AllReduce aborted (or heard the abort) itself
     if (stats != nullptr) stats->cross = cross_stats;
     if (status.ok() && exact_avg && shard.count > 0) {
       status = DivideInPlace(request.dtype, sub.data, shard.count,
-                             static_cast<uint64_t>(c.m) * static_cast<uint64_t>(cross.size()));
+                             static_cast<uint64_t>(m) * static_cast<uint64_t>(cross.size()));
       if (!status.ok()) {
         cross.Abort(request.op_id, status.WithContext(what), request.abort_note);
         cross_told = true;
       }
     }
-    status = status.WithContext("cross-region phase of shard " + std::to_string(c.me));
-    if (status.ok()) status = AllGather(c).WithContext("intra-region all-gather");
+    status = status.WithContext("cross-region phase of shard " + std::to_string(me));
+    if (status.ok()) status = RegionAllGather(c).WithContext("intra-region all-gather");
   }
   // On success the sends must have arrived too; after a failure nothing waits for them (the
   // tracker's state is shared with the completions, and the transport owns the bytes).
-  if (status.ok()) status = c.sends.Wait(request.deadline);
+  if (status.ok()) status = sends.Wait(request.deadline);
   if (!status.ok()) {
     const Status why = status.WithContext(what);
-    if (!c.region_aborted) region.Abort(c.op_id, why, region_side.abort_note);
+    if (!c.peer_aborted) region.Abort(c.op_id, why, region_side.abort_note);
     // The shard's peers in the other regions wait for this gateway's part otherwise. After a
     // successful phase 2 they are done with the operation, but the abort still tells them it
     // failed (the gateway restarts the job's numbering on either side of an abort).

@@ -52,18 +52,25 @@
 //
 // Threads: everything runs on the calling thread (plus AllReduce's helper thread in phase 2).
 // Thread-safe with respect to other operations on the same transports when their op ids differ.
+//
+// Phases 1 and 3 are public too (RegionOperation, RegionReduceScatter, RegionAllGather): library
+// mode's host backend (lib/api/host_backend.h) runs them around its own phase 2, which goes
+// through its straitd instead of a cross-region transport, with this message format.
 #ifndef STRAIT_LIB_COLLECTIVE_HIERARCHICAL_H_
 #define STRAIT_LIB_COLLECTIVE_HIERARCHICAL_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "collective/allreduce.h"
 #include "collective/plan.h"
 #include "collective/transport.h"
+#include "common/clock.h"
 #include "strait/status.h"
+#include "strait/types.h"
 
 namespace strait::collective {
 
@@ -83,6 +90,75 @@ std::vector<Shard> RegionShards(size_t count, int gateways);
 
 // The error-feedback key of the cross-region phase (see the file comment).
 std::string RegionShardKey(const std::string& tensor_key, int shard, int gateways);
+
+// Whether phase 1 reduces in fp32 (sum or avg of float32, bfloat16 or float16) rather than
+// exactly in the element type. The lossy codecs apply to exactly these pairs.
+bool IsFloatReduction(DataType dtype, ReduceOp op);
+
+// The region plan of phases 1 and 3: a mesh plan of `count` elements over `members` ranks with
+// equal weights (shard g belongs to rank g; RegionShards are its shards), cut into chunks of at
+// most `chunk_elements`. Every member of the region must use the same three numbers. Errors:
+// MakePlan's kInvalidArgument (members < 1, chunk_elements 0).
+StatusOr<Plan> RegionPlan(size_t count, int members, size_t chunk_elements);
+
+// The deadline of phase 2 for an operation that ends by `deadline` in a region of `members`:
+// a tenth of the time left earlier, at most 2 s (see "Failure" above), so that a member whose
+// phase 2 times out can still abort the region before the others' waits end. `deadline` itself
+// when members is 1 (nobody to tell) or the deadline is infinite.
+Deadline CrossPhaseDeadline(Deadline deadline, int members);
+
+// One member's side of an intra-region operation: what RegionReduceScatter and RegionAllGather
+// need, and what they report. Members are gateways (HierarchicalAllReduce) or library-mode ranks
+// (the host backend); only the wording of errors differs (`names`).
+struct RegionOperation {
+  // Inputs, the same on every member of the region except for the transport's rank.
+  Transport* transport = nullptr;  // the region's m members; this one is transport->rank()
+  uint64_t op_id = 0;              // the operation's id on `transport` (see RegionSide::op_id)
+  const Plan* plan = nullptr;      // RegionPlan(count, m, ...): outlives the calls
+  uint8_t* data = nullptr;         // the whole tensor: plan->count elements of dtype, in place
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Deadline deadline = Deadline::Infinite();  // ends every wait
+  // Called once per message sent; returns the send's completion (Transport::Send's `done`). The
+  // phases never wait for their sends: the caller decides whether to (HierarchicalAllReduce
+  // waits on success; the host backend only checks for failures). Empty: completions ignored.
+  std::function<SendDone()> track_send;
+  // How errors word things. A member that differs from this one in dtype, op or count fails with
+  // `mismatch_code` and "every <members> must issue the same all-reduces in the same order, but
+  // <peer(g)> runs one of ... and <self> one of ...".
+  struct Names {
+    std::function<std::string(int)> peer;  // empty: "region gateway " + transport->PeerName(g)
+    std::string self = "this gateway";
+    std::string members = "node head of the region";
+    StatusCode mismatch_code = StatusCode::kInvalidArgument;
+  } names;
+
+  // Outputs, added to by both phases.
+  uint64_t bytes_sent = 0;  // message bytes handed to the transport, headers included
+  uint64_t bytes_received = 0;
+  // A wait ended with kAborted: another member aborted the operation, so the region has heard of
+  // the failure already (aborting it again would only repeat the cause under this name).
+  bool peer_aborted = false;
+};
+
+// Phase 1, intra-region reduce-scatter: sends this member's part of every other shard to its
+// owner (round-robin over owners, so that every member gets its first parts early), then reduces
+// its own shard, plan->shards[rank], in member order 0..m-1 into `data` (fp32 where
+// IsFloatReduction, avg dividing by m; exactly in the element type otherwise, avg summing). The
+// other shards of `data` are left as they were. Preconditions: transport, plan and data (unless
+// plan->count is 0) set; plan made for transport->size() members; dtype and op valid. Blocks
+// until done or the deadline. Errors: the transport's (kDeadlineExceeded, kUnavailable,
+// kAborted naming the peer and the chunk); kDataLoss for a malformed message (short, unknown
+// version or kind, wrong size); names.mismatch_code when a member runs another all-reduce;
+// kInvalidArgument, before any message, when a precondition does not hold.
+// Does not abort the operation on failure: the caller does (Transport::Abort) unless
+// peer_aborted. Thread-safe for operations with different op ids.
+Status RegionReduceScatter(RegionOperation& op);
+
+// Phase 3, intra-region all-gather: sends this member's shard of `data` to every other member
+// and copies every other member's shard into `data`, so that all members end with the same
+// bytes. Preconditions, blocking, errors and aborts as RegionReduceScatter's.
+Status RegionAllGather(RegionOperation& op);
 
 // The intra-region side of a HierarchicalAllReduce.
 struct RegionSide {
