@@ -8,9 +8,8 @@
 #include <nmmintrin.h>
 #include <wmmintrin.h>
 
-#include <cstring>
-
 #include "codec/crc32c.h"
+#include "common/endian.h"
 
 namespace strait::codec_internal {
 namespace {
@@ -57,12 +56,6 @@ inline uint32_t Shift(uint32_t crc, uint32_t k) {
   return static_cast<uint32_t>(_mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(product))));
 }
 
-inline uint64_t Load64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // Runs whole rounds of three stripes of kStripe bytes each.
 template <size_t kStripe>
 inline const uint8_t* ThreeWay(const uint8_t* p, size_t* n, uint32_t* crc_io) {
@@ -76,9 +69,9 @@ inline const uint8_t* ThreeWay(const uint8_t* p, size_t* n, uint32_t* crc_io) {
     uint64_t c2 = 0;
     const uint8_t* end = p + kStripe;
     while (p < end) {
-      c0 = _mm_crc32_u64(c0, Load64(p));
-      c1 = _mm_crc32_u64(c1, Load64(p + kStripe));
-      c2 = _mm_crc32_u64(c2, Load64(p + 2 * kStripe));
+      c0 = _mm_crc32_u64(c0, GetU64(p));
+      c1 = _mm_crc32_u64(c1, GetU64(p + kStripe));
+      c2 = _mm_crc32_u64(c2, GetU64(p + 2 * kStripe));
       p += 8;
     }
     crc = Shift(static_cast<uint32_t>(c0), kShift2) ^ Shift(static_cast<uint32_t>(c1), kShift1) ^
@@ -101,7 +94,7 @@ uint32_t Crc32cSse42Raw(const uint8_t* p, size_t n, uint32_t crc) noexcept {
   p = ThreeWay<256>(p, &n, &crc);
   uint64_t c = crc;
   while (n >= 8) {
-    c = _mm_crc32_u64(c, Load64(p));
+    c = _mm_crc32_u64(c, GetU64(p));
     p += 8;
     n -= 8;
   }

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/endian.h"
+
 namespace strait::gateway {
 
 namespace {
@@ -197,7 +199,7 @@ Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, De
   const size_t have = head.size();
   size_t head_size = *length;  // not a reply's head: read it all; DecodeMessage says what is wrong
   if (have == kFixedHead && head[0] == static_cast<uint8_t>(MessageType::kReply)) {
-    head_size = std::min<size_t>(*length, kFixedHead + (size_t{head[6]} | size_t{head[7]} << 8));
+    head_size = std::min<size_t>(*length, kFixedHead + size_t{GetU16(head.data() + 6)});
   }
   head.resize(head_size);
   if (Status s = ReadFrameBytes(fd_, std::span<uint8_t>(head).subspan(have), deadline); !s.ok()) {
@@ -287,9 +289,7 @@ namespace {
 
 // A reply's tunnel id (connect) from its first 8 data bytes.
 uint64_t TunnelIdOf(const Message& reply) {
-  uint64_t id = 0;
-  for (size_t i = 0; i < 8 && i < reply.data.size(); ++i) id |= uint64_t{reply.data[i]} << (8 * i);
-  return id;
+  return GetLe(reply.data.data(), std::min<size_t>(8, reply.data.size()));
 }
 
 // The gateway answers an open at the deadline it was given; wait a moment longer for its reason.

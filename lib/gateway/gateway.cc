@@ -24,6 +24,7 @@
 #include "collective/allreduce.h"
 #include "collective/hierarchical.h"
 #include "collective/net_transport.h"
+#include "common/endian.h"
 #include "common/log.h"
 #include "gateway/gateway_impl.h"
 
@@ -709,8 +710,7 @@ net::MessageCallback Gateway::Impl::RegionReceiver() {
     // NetTransport's header names the sender's rank in bytes 4..7 (net_transport.h); that
     // rank's receiver checks the rest, the rank included.
     if (message.size() >= collective::kNetTransportHeaderSize) {
-      const uint32_t sender = uint32_t{message[4]} | uint32_t{message[5]} << 8 |
-                              uint32_t{message[6]} << 16 | uint32_t{message[7]} << 24;
+      const uint32_t sender = GetU32(message.data() + 4);
       if (sender < region_receivers.size() && static_cast<int>(sender) != config.shard_index) {
         region_receivers[sender](channel, std::move(message));
         return;

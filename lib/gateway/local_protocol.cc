@@ -9,15 +9,17 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/endian.h"
+
 namespace strait::gateway {
 namespace {
 
 class Writer {
  public:
   void U8(uint8_t v) { out_.push_back(v); }
-  void U16(uint16_t v) { Le(v, 2); }
-  void U32(uint32_t v) { Le(v, 4); }
-  void U64(uint64_t v) { Le(v, 8); }
+  void U16(uint16_t v) { AppendLe(&out_, v, 2); }
+  void U32(uint32_t v) { AppendLe(&out_, v, 4); }
+  void U64(uint64_t v) { AppendLe(&out_, v, 8); }
   void Str(const std::string& s) {
     U16(static_cast<uint16_t>(s.size()));
     out_.insert(out_.end(), s.begin(), s.end());
@@ -26,9 +28,6 @@ class Writer {
   std::vector<uint8_t>& out() { return out_; }
 
  private:
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
   std::vector<uint8_t> out_;
 };
 
@@ -49,8 +48,7 @@ class Reader {
   }
   uint64_t Le(int n, const char* field) {
     if (!Need(static_cast<size_t>(n), field)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{body_[pos_ + static_cast<size_t>(i)]} << (8 * i);
+    const uint64_t v = GetLe(body_.data() + pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
     return v;
   }
@@ -238,7 +236,9 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
                                   std::to_string(max_message_bytes) +
                                   " bytes; split the tensor into smaller all-reduces");
   }
-  for (int i = 0; i < 4; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(body >> (8 * i));
+  // The frame length, whose 4 bytes U32(0) reserved; body <= max_message_bytes fits them.
+  static_assert(kFrameLengthBytes == 4);
+  PutU32(out.data(), static_cast<uint32_t>(body));
   if (carries_data && data != nullptr) w.Bytes(*data);
   return std::move(out);
 }
@@ -487,8 +487,8 @@ StatusOr<uint32_t> ReadFrameLength(int fd, uint32_t max_message_bytes, Deadline 
     }
     return s;
   }
-  uint32_t len = 0;
-  for (size_t i = 0; i < kFrameLengthBytes; ++i) len |= uint32_t{len_bytes[i]} << (8 * i);
+  static_assert(kFrameLengthBytes == 4);
+  const uint32_t len = GetU32(len_bytes);
   if (len == 0) return InvalidArgumentError("local frame with an empty body");
   if (len > max_message_bytes) {
     return ResourceExhaustedError("local frame of " + std::to_string(len) +

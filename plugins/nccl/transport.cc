@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/endian.h"
 #include "common/units.h"
 #include "plugins/nccl/event_loop.h"
 #include "plugins/nccl/handle.h"
@@ -297,11 +298,6 @@ void OnReadCb(uv_stream_t* stream, ssize_t n, const uv_buf_t* /*buf*/) {
   }
 }
 
-uint32_t Le32(const unsigned char* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-
 // A control frame on its way to the gateway (owns its bytes until written).
 struct ControlWrite {
   uv_write_t req{};
@@ -392,7 +388,7 @@ void Comm::GatewayRead(Socket* s, ssize_t n) {
   s->filled += static_cast<size_t>(n);
   if (s->in == Socket::In::kCtlLen) {
     if (s->filled < 4) return;
-    const uint32_t len = Le32(s->len4);
+    const uint32_t len = GetU32(s->len4);
     if (len == 0 || len > kMaxControlBody) {
       OnGatewayLost(s, DataLossError("the gateway at " + s->gateway + " sent a " +
                                      std::to_string(len) +
@@ -652,7 +648,7 @@ class RecvComm final : public Comm {
       case Socket::In::kFrame: {
         s->filled += got;
         if (s->filled < kTunnelFramePrefix) return;
-        const uint32_t len = Le32(s->buf);
+        const uint32_t len = GetU32(s->buf);
         const uint8_t type = s->buf[4];
         if (type == static_cast<uint8_t>(LocalType::kTunnelData)) {
           if (len < kTunnelDataHead - 4) {
@@ -682,8 +678,8 @@ class RecvComm final : public Comm {
         s->filled += got;
         if (s->filled < kTunnelDataHead) return;
         s->filled = 0;
-        const uint32_t len = Le32(s->buf);
-        const auto tag = static_cast<int32_t>(Le32(s->buf + 5));
+        const uint32_t len = GetU32(s->buf);
+        const auto tag = static_cast<int32_t>(GetU32(s->buf + 5));
         s->hdr = DecodeChunkHeader(s->buf + 9);
         if (s->hdr.tag != tag || len != kTunnelDataHead - 4 + uint64_t{s->hdr.length}) {
           Fail(DataLossError("tunnel from " + peer_ + ": a data frame of " + std::to_string(len) +

@@ -11,18 +11,14 @@
 #include "plugins/nccl/collnet.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -38,8 +34,7 @@
 #include "plugins/nccl/nccl_net.h"
 #include "tests/common/free_ports.h"
 #include "tests/common/straitd_process.h"
-
-extern char** environ;
+#include "tests/plugins/node_process.h"
 
 namespace strait::nccl {
 namespace {
@@ -172,13 +167,9 @@ struct HeadSpec {
   std::map<std::string, std::string> env;  // STRAIT_* overrides ("" value: unset)
 };
 
-struct Head {
-  pid_t pid = -1;
-  int in = -1;
-  int out = -1;
-  std::string output;
+// A collnet_node process and the file it writes its results to.
+struct Head : test::NodeProcess {
   std::string result_file;
-  int exit_code = -1;
 };
 
 class CollNetEndToEnd : public ::testing::Test {
@@ -244,10 +235,14 @@ class CollNetEndToEnd : public ::testing::Test {
       for (const auto& [k, v] : specs[i].env) env[k] = v;
       Head h;
       h.result_file = *dir_ + "/" + job + "-" + std::to_string(i) + ".bin";
-      Spawn(specs[i], env, &h);
+      static_cast<test::NodeProcess&>(h) =
+          test::SpawnNode({STRAIT_COLLNET_NODE, STRAIT_NCCL_PLUGIN_PATH,
+                           std::to_string(specs[i].version), specs[i].mode, h.result_file},
+                          env);
+      EXPECT_GT(h.pid, 0) << "cannot start " << STRAIT_COLLNET_NODE;
       heads.push_back(std::move(h));
     }
-    ReadUntilAll(heads, {"HANDLE ", "LISTEN-FAILED"}, 30);
+    test::ReadUntil(heads, {"HANDLE ", "LISTEN-FAILED"}, 30);
     std::string group = "GROUP";
     bool all_listened = true;
     for (const Head& h : heads) {
@@ -262,92 +257,10 @@ class CollNetEndToEnd : public ::testing::Test {
       if (!all_listened) break;  // nodes whose listen failed have exited; close the others
       const std::string line = "GROUP " + std::to_string(r) + " " + std::to_string(heads.size()) +
                                group.substr(5) + "\n";
-      EXPECT_EQ(::write(heads[r].in, line.data(), line.size()), ssize_t(line.size()));
+      EXPECT_TRUE(test::WriteLine(heads[r], line));
     }
-    for (Head& h : heads) ::close(h.in);
-    ReadUntilAll(heads, {"\n<EOF>"}, 60);
-    for (Head& h : heads) {
-      int status = 0;
-      if (::waitpid(h.pid, &status, WNOHANG) == 0) {
-        ::kill(h.pid, SIGKILL);
-        ::waitpid(h.pid, &status, 0);
-        h.output += "\n<killed after the deadline>";
-      }
-      h.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      ::close(h.out);
-    }
+    test::Reap(heads, 60);
     return heads;
-  }
-
-  static void Spawn(const HeadSpec& spec, const std::map<std::string, std::string>& env, Head* h) {
-    int to_child[2];
-    int from_child[2];
-    ASSERT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
-    ASSERT_EQ(::pipe2(from_child, O_CLOEXEC), 0);
-    // The child's environment: ours without STRAIT_*, plus the spec's (built before fork).
-    std::vector<std::string> envs;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, "STRAIT_", 7) != 0) envs.emplace_back(*e);
-    }
-    for (const auto& [k, v] : env) {
-      if (!v.empty()) envs.push_back(k + "=" + v);
-    }
-    std::vector<char*> envp;
-    for (auto& e : envs) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = {STRAIT_COLLNET_NODE, STRAIT_NCCL_PLUGIN_PATH,
-                                     std::to_string(spec.version), spec.mode, h->result_file};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(to_child[0], STDIN_FILENO);
-      ::dup2(from_child[1], STDOUT_FILENO);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    h->pid = pid;
-    h->in = to_child[1];
-    h->out = from_child[0];
-  }
-
-  // Reads every head's stdout until each has printed one of `marks` (EOF counts as "\n<EOF>").
-  static void ReadUntilAll(std::vector<Head>& heads, const std::vector<std::string>& marks,
-                           double seconds) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    auto has_mark = [&](const Head& h) {
-      for (const auto& m : marks) {
-        if (h.output.find(m) != std::string::npos) return true;
-      }
-      return h.output.find("\n<EOF>") != std::string::npos;
-    };
-    while (true) {
-      std::vector<pollfd> fds;
-      for (const Head& h : heads) {
-        if (!has_mark(h)) fds.push_back({h.out, POLLIN, 0});
-      }
-      if (fds.empty()) return;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return;
-      if (::poll(fds.data(), fds.size(), int(left.count())) <= 0) continue;
-      for (const pollfd& p : fds) {
-        if ((p.revents & (POLLIN | POLLHUP)) == 0) continue;
-        for (Head& h : heads) {
-          if (h.out != p.fd) continue;
-          char buf[4096];
-          const ssize_t got = ::read(h.out, buf, sizeof(buf));
-          if (got > 0) {
-            h.output.append(buf, size_t(got));
-          } else {
-            h.output += "\n<EOF>";
-          }
-        }
-      }
-    }
   }
 
   static std::string ReadFile(const std::string& path) {

@@ -15,15 +15,9 @@
 // real WAN path shows: latency between every request and its answer, TCP loss recovery under the
 // tunnels, TLS between the gateways, and gateways in other network namespaces than their ranks'
 // peers. Root only (namespaces, TUN devices); skipped with the reason otherwise.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -33,139 +27,26 @@
 
 #include "bench/wanem/netns.h"
 #include "tests/gateway/wan_cluster.h"
-
-extern char** environ;
+#include "tests/plugins/node_process.h"
 
 namespace strait::nccl {
 namespace {
 
 using gateway::testing::WanCluster;
 using gateway::testing::WanClusterOptions;
+using test::LineAfter;
+using test::NodeProcess;
+using test::ReadUntil;
+using test::Reap;
+using test::WriteLine;
 
-// A child process (a plugin node or a CollNet head) with its stdin and stdout piped to us.
-struct Proc {
-  pid_t pid = -1;
-  int in = -1;   // our end of its stdin
-  int out = -1;  // our end of its stdout (its stderr goes there too)
-  std::string output;
-  int exit_code = -1;
-};
-
-// Starts `args` inside network namespace `ns` (through `ip netns exec`) with our environment
-// minus every STRAIT_* variable, plus `env`. Everything is built before fork().
-Proc SpawnIn(const std::string& ns, const std::vector<std::string>& args,
-             const std::map<std::string, std::string>& env) {
-  Proc p;
-  int to_child[2];
-  int from_child[2];
-  if (::pipe2(to_child, O_CLOEXEC) != 0) return p;
-  if (::pipe2(from_child, O_CLOEXEC) != 0) {
-    ::close(to_child[0]);
-    ::close(to_child[1]);
-    return p;
-  }
-  std::vector<std::string> envs;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "STRAIT_", 7) != 0) envs.emplace_back(*e);
-  }
-  for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : envs) envp.push_back(e.data());
-  envp.push_back(nullptr);
+// Starts `args` inside network namespace `ns` (through `ip netns exec`), its stderr into its
+// stdout, with our environment minus every STRAIT_* variable, plus `env`.
+NodeProcess SpawnIn(const std::string& ns, const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env) {
   std::vector<std::string> all = {"/usr/bin/env", "ip", "netns", "exec", ns};
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(to_child[0], STDIN_FILENO);
-    ::dup2(from_child[1], STDOUT_FILENO);
-    ::dup2(from_child[1], STDERR_FILENO);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(to_child[0]);
-  ::close(from_child[1]);
-  if (pid < 0) {
-    ::close(to_child[1]);
-    ::close(from_child[0]);
-    return p;
-  }
-  p.pid = pid;
-  p.in = to_child[1];
-  p.out = from_child[0];
-  return p;
-}
-
-// Reads every process's output until each has printed one of `marks` or closed its output (which
-// appends "\n<EOF>"), within `seconds`. False on timeout.
-bool ReadUntil(std::vector<Proc>& procs, const std::vector<std::string>& marks, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  auto has_mark = [&](const Proc& p) {
-    if (p.output.find("\n<EOF>") != std::string::npos) return true;
-    for (const auto& m : marks) {
-      if (p.output.find(m) != std::string::npos) return true;
-    }
-    return false;
-  };
-  while (true) {
-    std::vector<pollfd> fds;
-    for (const Proc& p : procs) {
-      if (!has_mark(p)) fds.push_back({p.out, POLLIN, 0});
-    }
-    if (fds.empty()) return true;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    if (::poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) continue;
-    for (const pollfd& f : fds) {
-      if ((f.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      for (Proc& p : procs) {
-        if (p.out != f.fd) continue;
-        char buf[4096];
-        const ssize_t got = ::read(p.out, buf, sizeof(buf));
-        if (got > 0) {
-          p.output.append(buf, static_cast<size_t>(got));
-        } else {
-          p.output += "\n<EOF>";
-        }
-      }
-    }
-  }
-}
-
-// Waits up to `seconds` for every process to end (SIGKILL after that) and records exit codes.
-void Reap(std::vector<Proc>& procs, double seconds) {
-  for (Proc& p : procs) {
-    if (p.in >= 0) ::close(p.in);
-    p.in = -1;
-  }
-  ReadUntil(procs, {}, seconds);
-  for (Proc& p : procs) {
-    int status = 0;
-    if (p.pid > 0 && ::waitpid(p.pid, &status, WNOHANG) == 0) {
-      ::kill(p.pid, SIGKILL);
-      ::waitpid(p.pid, &status, 0);
-      p.output += "\n<killed after the deadline>";
-    }
-    if (p.pid > 0) p.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (p.out >= 0) ::close(p.out);
-    p.out = -1;
-  }
-}
-
-// The rest of the line after the first "WORD " in `output` ("" when there is none).
-std::string After(const std::string& output, const std::string& word) {
-  const size_t at = output.find(word + " ");
-  if (at == std::string::npos) return "";
-  const size_t start = at + word.size() + 1;
-  const size_t end = output.find('\n', start);
-  return output.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
-bool WriteLine(const Proc& p, const std::string& line) {
-  return ::write(p.in, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  return test::SpawnNode(all, env, /*stderr_to_stdout=*/true);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -250,7 +131,7 @@ class WanFixture : public ::testing::Test {
   // link through the gateways' tunnels. Checks that every node passed.
   static void RunRings() {
     // procs[s * kR + r]: rank r of the ring on shard s.
-    std::vector<Proc> procs;
+    std::vector<NodeProcess> procs;
     for (int s = 0; s < kS; ++s) {
       for (int r = 0; r < kR; ++r) {
         procs.push_back(SpawnIn(Namespace(r),
@@ -264,18 +145,18 @@ class WanFixture : public ::testing::Test {
     for (int s = 0; s < kS; ++s) {
       for (int r = 0; r < kR; ++r) {
         // Rank r sends to rank r + 1 of its ring: the next region, same shard.
-        const Proc& peer = procs[size_t(s * kR + (r + 1) % kR)];
-        EXPECT_TRUE(
-            WriteLine(procs[size_t(s * kR + r)], "PEER " + After(peer.output, "HANDLE") + "\n"));
+        const NodeProcess& peer = procs[size_t(s * kR + (r + 1) % kR)];
+        EXPECT_TRUE(WriteLine(procs[size_t(s * kR + r)],
+                              "PEER " + LineAfter(peer.output, "HANDLE") + "\n"));
       }
     }
     Reap(procs, 60);
     for (size_t i = 0; i < procs.size(); ++i) {
-      const Proc& p = procs[i];
+      const NodeProcess& p = procs[i];
       EXPECT_EQ(p.exit_code, 0) << "node " << i << " output:\n" << p.output;
       EXPECT_NE(p.output.find("\nOK"), std::string::npos) << "node " << i << ":\n" << p.output;
       // The tunnel opens only after a round trip over the WAN: connect said "call again" first.
-      const std::string nulls = After(p.output, "CONNECTED");
+      const std::string nulls = LineAfter(p.output, "CONNECTED");
       ASSERT_FALSE(nulls.empty()) << "node " << i << ":\n" << p.output;
       EXPECT_GT(std::stoi(nulls), 0) << "node " << i << ":\n" << p.output;
     }
@@ -300,7 +181,7 @@ TEST_F(PluginWanThreeRegions, ARingOverThreeRegionsAndUnequalLinksArrivesIntact)
 
 TEST_F(PluginWan, CollNetAllReduceOfTwoRegionsMatchesTheReferenceBitIdentically) {
   constexpr int kHeads = kRegions * kShards;
-  std::vector<Proc> heads;
+  std::vector<NodeProcess> heads;
   std::vector<std::string> results;
   for (int h = 0; h < kHeads; ++h) {
     const int r = h / kShards;
@@ -317,7 +198,7 @@ TEST_F(PluginWan, CollNetAllReduceOfTwoRegionsMatchesTheReferenceBitIdentically)
   EXPECT_TRUE(ReadUntil(heads, {"HANDLE ", "LISTEN-FAILED"}, 30)) << "heads did not listen";
   std::string group;
   for (int h = 0; h < kHeads; ++h) {
-    const std::string handle = After(heads[size_t(h)].output, "HANDLE");
+    const std::string handle = LineAfter(heads[size_t(h)].output, "HANDLE");
     if (handle.empty()) {
       Reap(heads, 10);  // the others wait for a GROUP line: closing their stdin ends them
       FAIL() << "head " << h << " published no handle:\n" << heads[size_t(h)].output;
@@ -330,7 +211,7 @@ TEST_F(PluginWan, CollNetAllReduceOfTwoRegionsMatchesTheReferenceBitIdentically)
   }
   Reap(heads, 90);
   for (int h = 0; h < kHeads; ++h) {
-    const Proc& p = heads[size_t(h)];
+    const NodeProcess& p = heads[size_t(h)];
     EXPECT_EQ(p.exit_code, 0) << "head " << h << " output:\n" << p.output;
     EXPECT_NE(p.output.find("\nOK"), std::string::npos) << "head " << h << ":\n" << p.output;
   }
