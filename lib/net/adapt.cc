@@ -168,6 +168,10 @@ double StreamCountController::LossFraction(const std::vector<Round>& rounds, siz
   return goodput > 0 ? retrans * kSegmentBytes / goodput : 0;
 }
 
+double StreamCountController::Scaling(double value) const {
+  return (value / base_goodput_) / (static_cast<double>(current_) / static_cast<double>(base_k_));
+}
+
 int StreamCountController::Double() {
   current_ = std::min(max_, 2 * current_);
   rounds_.clear();
@@ -188,8 +192,7 @@ int StreamCountController::Accept() {
   // Goodput that grew nearly in proportion to K says each stream is bound by itself (loss, a
   // per-flow cap), not by the link: the next step quadruples.
   const double value = Mean(rounds_);
-  const double scaling =
-      (value / base_goodput_) / (static_cast<double>(current_) / static_cast<double>(base_k_));
+  const double scaling = Scaling(value);
   base_k_ = current_;
   base_goodput_ = value;
   base_loss_ = LossFraction(rounds_);
@@ -266,16 +269,14 @@ int StreamCountController::Update(double goodput_bytes_per_s, bool busy,
       // the base's (the path's own random loss is the same fraction at any K): with a buffer
       // too shallow to show a queue, that is the only sign that the path is full.
       const double loss = LossFraction(rounds_);
-      bool overflowed = loss > base_loss_ + kMaxAddedLoss && loss > 2 * base_loss_;
-      // Goodput that grew nearly in proportion to K: every stream is bound by itself (a
+      // Unless goodput grew nearly in proportion to K: then every stream is bound by itself (a
       // per-flow policer, random loss), not by a shared bottleneck, whatever the
       // retransmissions say. Behind a policer at 20% of a 100 Mbit/s link, BBR went from
       // 16.8 Mbit/s with 1 stream and no retransmissions to 38.8 with 2 and 527/s -- a
       // "loss jump" that held K at 2 in half the runs. A queue still counts: a policer drops
       // and never queues, so a standing queue is a shared bottleneck that is full.
-      const double scaling = (value / base_goodput_) /
-                             (static_cast<double>(current_) / static_cast<double>(base_k_));
-      if (overflowed && scaling >= kLinearScaling) overflowed = false;
+      const bool overflowed = loss > base_loss_ + kMaxAddedLoss && loss > 2 * base_loss_ &&
+                              Scaling(value) < kLinearScaling;
       if (value >= base_goodput_ * (1 + gain_)) {
         if (!queued && !overflowed) return Accept();
         // It paid (the path had room: its base showed no queue, or K would not have doubled),

@@ -185,6 +185,8 @@ class StreamCountController {
   static bool Queued(const std::vector<Round>& rounds, size_t skip = 0);
   // Retransmitted segments per segment delivered over the rounds; 0 when unknown.
   static double LossFraction(const std::vector<Round>& rounds, size_t skip = 0);
+  // The step's goodput gain over the base's, as a fraction of its gain in K (1 = linear).
+  double Scaling(double value) const;
   int Hold(int k);
   int Double();
   // The step to current_ paid: it becomes the base (the mean of its rounds the reference), and
