@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Issue 14's benchmark: PyTorch DDP across 3 regions x 2 ranks on strait-wanem (every directed
+# pair 100 Mbit/s, 20 ms one way), the same model, seeds and steps three times:
+#   gloo:        plain DDP, gloo over all 6 ranks (its ring crosses the emulated WAN);
+#   strait int8: DDP with strait.torch.hierarchical_hook, int8 with error feedback;
+#   strait zstd: the same hook, zstd (lossless);
+# each rank with its own straitd (shard_index = rank in region), mutual TLS between regions.
+# Model: examples/pytorch/train_ddp.py's MLP widened to about 4 M parameters (16 MiB of fp32
+# gradients per step) on load_digits. Prints per run the median step time, the WAN bytes per step
+# (bytes every region's wan0 sent, all traffic, divided by the steps), the final test accuracy
+# and whether every rank ended with bit-identical parameters (a SHA-256 per rank), then the
+# headline figures; writes the loss plot.
+#
+#   sudo bench/pytorch_ddp.sh [BUILD_DIR] [--json]     # default build/release; ~5-10 minutes
+#
+# STEPS (40), BATCH (16 per rank), OUT (a temporary directory: runs/*.json, loss.png) override.
+# Goals: strait int8 step time >= 5x faster than gloo (speedup); accuracy within 1 point of gloo.
+# --json: one JSON object {runs: [...], speedup, accuracy_delta_points, ...} on stdout.
+# Exit code: 0 when every run completed with identical parameters on every rank (a MISSed goal
+# still exits 0), 1 when a run failed, 2 for a setup problem. Stays out of CI (root, minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=build/release
+JSON=0
+for a in "$@"; do
+  case $a in
+    --json) JSON=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) BUILD=$a ;;
+  esac
+done
+STEPS=${STEPS:-40}
+BATCH=${BATCH:-16}
+PY=/usr/bin/python3
+NAME=ptddp
+die() { echo "pytorch_ddp: $*" >&2; exit 2; }
+say() { if ((JSON)); then echo "$@" >&2; else echo "$@"; fi; }
+
+[[ $(id -u) == 0 ]] || die "needs root (strait-wanem makes network namespaces)"
+STRAITD=$(realpath "$BUILD/tools/straitd/straitd" 2>/dev/null) || die "no straitd in $BUILD"
+WANEM=$(realpath "$BUILD/bench/wanem/strait-wanem" 2>/dev/null) || die "no strait-wanem in $BUILD"
+LIB=$(realpath "$BUILD/lib/api/libstrait.so" 2>/dev/null) || die "no libstrait.so in $BUILD"
+command -v openssl >/dev/null || die "openssl is not installed"
+$PY -c 'import torch, sklearn, matplotlib' 2>/dev/null ||
+  die "needs python3-torch python3-sklearn python3-matplotlib (scripts/setup.sh)"
+
+OUT=${OUT:-$(mktemp -d /tmp/pytorch_ddp.XXXXXX)}
+mkdir -p "$OUT/runs"
+export STRAIT_LIBRARY=$LIB PYTHONPATH=$PWD/python OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=wan0
+LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+cleanup() { "$WANEM" down --name "$NAME" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+cleanup
+"$WANEM" up --name "$NAME" --regions 3 --link "100mbit,20ms" >/dev/null
+
+# Bytes sent into the emulated WAN by every region (wan0 in each namespace; intra-region traffic
+# stays on the namespace's loopback).
+wan_tx() {
+  local sum=0 r
+  for r in 0 1 2; do
+    sum=$((sum + $("$WANEM" exec --name "$NAME" "$r" -- cat /sys/class/net/wan0/statistics/tx_bytes)))
+  done
+  echo "$sum"
+}
+
+# ~4.08 M parameters: 2944 inputs -> 1024 -> 1024 -> 10.
+MODEL=(--input-dim 2944 --hidden 1024 --batch "$BATCH" --steps "$STEPS" --lr 0.02 --seed 1
+       --timeout 120 --quiet)
+run() {  # label hook compression
+  local label=$1 hook=$2 comp=$3 before after
+  local launch=("$PY" -m strait.launch --regions 3 --ranks 2 --wanem "$NAME" --wanem-bin "$WANEM"
+                --straitd "$STRAITD" --tls --deadline 120s --workdir "$OUT/gw-$label")
+  [[ $hook == none ]] && launch+=(--no-gateways)
+  say "== $label =="
+  before=$(wan_tx)
+  if ! "${launch[@]}" -- "$PY" examples/pytorch/train_ddp.py --hook "$hook" \
+       --compression "$comp" --job-id "bench-$label" "${MODEL[@]}" \
+       --log "$OUT/runs/$label.json" > "$OUT/$label.log" 2>&1; then
+    cat "$OUT/$label.log" >&2
+    echo "pytorch_ddp: the $label run failed" >&2
+    exit 1
+  fi
+  after=$(wan_tx)
+  echo $(( (after - before) / STEPS )) > "$OUT/runs/$label.wan"
+  if ((JSON)); then tail -1 "$OUT/$label.log" >&2; else tail -1 "$OUT/$label.log"; fi
+}
+run gloo none none
+run strait-int8 strait int8,ef
+run strait-zstd strait zstd
+
+$PY examples/pytorch/train_ddp.py --plot "$OUT/loss.png" "$OUT"/runs/{gloo,strait-int8,strait-zstd}.json >&2
+$PY - "$OUT" "$JSON" "$LOAD" "$STEPS" <<'PYEOF'
+import json, os, sys
+out, as_json, load, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+runs = []
+for label in ("gloo", "strait-int8", "strait-zstd"):
+    with open(f"{out}/runs/{label}.json") as f:
+        r = json.load(f)
+    with open(f"{out}/runs/{label}.wan") as f:
+        wan = int(f.read())
+    runs.append({"label": label, "step_time_s": r["step_time_s"], "wan_bytes_per_step": wan,
+                 "accuracy": r["accuracy"], "identical_parameters": r["identical"],
+                 "params": r["params"], "final_loss": r["steps"][-1]["loss"]})
+g, i8 = runs[0], runs[1]
+speedup = g["step_time_s"] / i8["step_time_s"]
+delta = 100 * (i8["accuracy"] - g["accuracy"])
+result = {"regions": 3, "ranks_per_region": 2, "link": "100mbit,20ms one way, TLS",
+          "steps": steps, "params": g["params"], "runs": runs, "speedup": speedup,
+          "accuracy_delta_points": delta, "speedup_goal": 5.0,
+          "identical_everywhere": all(r["identical_parameters"] for r in runs),
+          "load_average_at_start": load, "plot": f"{out}/loss.png"}
+if as_json:
+    print(json.dumps(result, indent=1))
+else:
+    print(f"\n{'run':<13} {'step ms':>9} {'WAN MB/step':>12} {'accuracy':>9} {'identical':>9}")
+    for r in runs:
+        print(f"{r['label']:<13} {1000 * r['step_time_s']:9.1f} {r['wan_bytes_per_step'] / 1e6:12.2f} "
+              f"{100 * r['accuracy']:8.2f}% {'yes' if r['identical_parameters'] else 'NO':>9}")
+    print(f"speedup (gloo / strait int8 step time): {speedup:.2f}x  (goal >= 5x: "
+          f"{'PASS' if speedup >= 5 else 'MISS'})")
+    print(f"accuracy delta (int8 - gloo): {delta:+.2f} points  (goal within 1: "
+          f"{'PASS' if abs(delta) <= 1 else 'MISS'})")
+    print(f"{g['params']} parameters, {steps} steps; load average at start {load}; "
+          f"loss plot {out}/loss.png")
+sys.exit(0 if result["identical_everywhere"] else 1)
+PYEOF

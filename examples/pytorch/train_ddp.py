@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+# Trains a small MLP on scikit-learn's load_digits with PyTorch DDP across regions x ranks, with
+# plain DDP (--hook none: the process group's all-reduce over every rank) or with Strait's
+# hierarchical hook (--hook strait: the region's gloo group inside the region, each rank's shard
+# across regions through its own straitd). One process per rank, configured like torchrun:
+# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (ranks per region), MASTER_ADDR, MASTER_PORT.
+# Region r holds ranks r*LOCAL_WORLD_SIZE ... (torchrun --nnodes=REGIONS --nproc-per-node=RANKS).
+#
+#   STRAIT_GATEWAY=/run/strait/straitd{local_rank}.sock STRAIT_JOB_ID=digits \
+#     torchrun --nnodes 2 --nproc-per-node 2 ... train_ddp.py --hook strait --compression int8
+#   train_ddp.py --plot loss.png run_none.json run_int8.json     # loss against step
+#
+# Rank 0 prints per-step loss and step time, then the test accuracy, and with --log FILE writes
+# the run as JSON. Every rank checks at the end that all ranks hold bit-identical parameters
+# (a SHA-256 per rank, gathered). Any failure (a Strait error, a dead peer, a timeout) prints
+# one line "train_ddp: error: ..." and exits 1 within --timeout.
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description="Trains an MLP on load_digits with DDP across regions, with or without the Strait hook.")
+    p.add_argument("--hook", choices=["none", "strait"], default="strait")
+    p.add_argument("--compression", default=os.environ.get("STRAIT_COMPRESSION", "int8,ef"),
+                   help='the job\'s policy: "none", "zstd", "int8[,ef|,noef]", ... (--hook strait)')
+    p.add_argument("--gateway", default=os.environ.get("STRAIT_GATEWAY"),
+                   help="this rank's straitd socket; {region} and {local_rank} are substituted")
+    p.add_argument("--job-id", default=os.environ.get("STRAIT_JOB_ID", "train-ddp"))
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--hidden", type=int, default=128, help="hidden width (2 hidden layers)")
+    p.add_argument("--input-dim", type=int, default=0,
+                   help="pad the 64 pixels with fixed random features to this many inputs "
+                        "(a bigger first layer, for the WAN benchmark)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds: Strait's deadline and the process groups' timeout")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--log", help="rank 0 writes the run (per-step loss, times, accuracy) here")
+    p.add_argument("--quiet", action="store_true", help="print only every 50th step")
+    p.add_argument("--plot", metavar="OUT_PNG",
+                   help="do not train: plot loss against step for the runs (JSON) given")
+    p.add_argument("runs", nargs="*", help="with --plot: run logs written by --log")
+    return p.parse_args()
+
+
+def plot(out, runs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        label = f'{run["label"]} (acc {100 * run["accuracy"]:.1f}%, {1000 * run["step_time_s"]:.1f} ms/step)'
+        ax.plot([s["step"] for s in run["steps"]], [s["loss"] for s in run["steps"]], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"train_ddp: wrote {out}")
+
+
+def data(seed, input_dim):
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    if input_dim > x.shape[1]:
+        # Fixed random features of the pixels: a wider first layer with the same task.
+        rng = np.random.default_rng(1234)
+        proj = rng.standard_normal((x.shape[1], input_dim - x.shape[1])).astype(np.float32)
+        x = np.concatenate([x, np.tanh(x @ proj / 8.0)], axis=1).astype(np.float32)
+    return train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+
+
+def train(args):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    per_region = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    region, local_rank = rank // per_region, rank % per_region
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    t_setup = time.monotonic()
+
+    state = None
+    torch.manual_seed(args.seed)
+    xtr, xte, ytr, yte = data(args.seed, args.input_dim)
+    d = xtr.shape[1]
+    model = torch.nn.Sequential(torch.nn.Linear(d, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, 10))
+    nparams = sum(p.numel() for p in model.parameters())
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+    if args.hook == "strait":
+        import strait.torch as st
+        group, _, _ = st.region_groups(per_region, timeout=timeout)
+        if not args.gateway:
+            raise SystemExit("train_ddp: error: --hook strait needs --gateway or $STRAIT_GATEWAY")
+        gw = args.gateway.format(region=region, local_rank=local_rank)
+        state = st.HierarchicalState(group, gateway=gw, job_id=args.job_id,
+                                     region=os.environ.get("STRAIT_REGION", f"r{region}"),
+                                     compression=args.compression, timeout=args.timeout)
+        ddp.register_comm_hook(state, st.hierarchical_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr).long()
+    gen = np.random.default_rng(args.seed)  # the same on every rank: each takes its slice
+    global_batch = args.batch * world
+    steps, times = [], []
+    for step in range(args.steps):
+        idx = gen.choice(len(xtr), size=global_batch, replace=False)
+        mine = torch.from_numpy(idx[rank * args.batch:(rank + 1) * args.batch])
+        t0 = time.monotonic()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(xtr_t[mine]), ytr_t[mine])
+        loss.backward()
+        opt.step()
+        dt = time.monotonic() - t0
+        # The global mean loss, for the log (outside the timed step).
+        lt = loss.detach().clone()
+        dist.all_reduce(lt)
+        lv = lt.item() / world
+        steps.append({"step": step, "loss": lv, "time_s": dt})
+        times.append(dt)
+        if rank == 0 and (not args.quiet or step % 50 == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss {lv:.4f}  step {1000 * dt:7.1f} ms", flush=True)
+
+    with torch.no_grad():
+        pred = model(torch.from_numpy(xte)).argmax(1).numpy()
+    acc = float((pred == yte).mean())
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    hashes = [None] * world
+    dist.all_gather_object(hashes, h.hexdigest())
+    identical = len(set(hashes)) == 1
+    # Skip the first steps (DDP rebuilds its buckets after step 0; the codecs warm up).
+    steady = times[min(5, len(times) - 1):]
+    step_time = sorted(steady)[len(steady) // 2]
+    wan = state.wan_elements if state is not None else 0
+    if state is not None:
+        state.close()
+    if rank == 0:
+        label = "gloo DDP" if args.hook == "none" else f"strait hook ({args.compression})"
+        print(f"{label}: {world} ranks ({world // per_region} regions x {per_region}), "
+              f"{nparams} parameters, median step {1000 * step_time:.1f} ms, test accuracy "
+              f"{100 * acc:.2f}%, parameters identical on every rank: "
+              f"{'yes' if identical else 'NO'}", flush=True)
+        if args.log:
+            with open(args.log, "w") as f:
+                json.dump({"label": label, "hook": args.hook, "compression": args.compression,
+                           "world": world, "regions": world // per_region, "params": nparams,
+                           "step_time_s": step_time, "accuracy": acc, "hashes": hashes,
+                           "identical": identical, "wan_elements_rank0": wan,
+                           "setup_s": t_setup, "steps": steps}, f)
+    if not identical:
+        raise RuntimeError(f"parameters differ between ranks: {hashes}")
+    dist.barrier()
+
+
+def main():
+    args = parse()
+    if args.plot:
+        plot(args.plot, args.runs)
+        return 0
+    try:
+        train(args)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 -- one line, then out without waiting for peers
+        print(f"train_ddp: error: rank {os.environ.get('RANK')}: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    # Exit without tearing down the process groups: a peer may already be gone.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

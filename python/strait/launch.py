@@ -1,0 +1,144 @@
+# Runs one training command as regions x ranks local processes, torchrun-style, each with its own
+# straitd (shard_index = rank in region): for tests, the demo and the benchmark on one machine.
+# On loopback by default; with --wanem NAME each region's ranks and straitds run in that
+# strait-wanem instance's namespace (root; `strait-wanem up --name NAME` first), region r at
+# 10.201.r.1, and --tls gives the straitds mutual TLS with a throwaway CA.
+#
+#   python3 -m strait.launch --regions 2 --ranks 2 -- python3 train_ddp.py --hook strait
+#
+# Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+# STRAIT_REGION (r<region>) and STRAIT_GATEWAY (its straitd's socket). Exit status: 0 when every
+# rank exited 0; else the first failing rank's status, after the others were given --grace
+# seconds and then killed (a rank never outlives the launcher).
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import cluster
+
+
+def make_pki(workdir, regions):
+    """A throwaway CA and one gateway certificate per region (SAN URI strait://region/<r>)."""
+    def run(*a):
+        subprocess.run(a, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ca, cakey = os.path.join(workdir, "ca.pem"), os.path.join(workdir, "ca.key")
+    run("openssl", "req", "-x509", *ec, "-keyout", cakey, "-out", ca, "-days", "2",
+        "-subj", "/CN=strait-launch-ca")
+    for r in range(regions):
+        name = cluster.region_name(r)
+        base = os.path.join(workdir, name)
+        run("openssl", "req", *ec, "-keyout", base + ".key", "-out", base + ".csr", "-subj",
+            "/CN=" + name)
+        with open(base + ".ext", "w") as f:
+            f.write(f"subjectAltName=URI:strait://region/{name}\nbasicConstraints=CA:FALSE\n"
+                    "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n")
+        run("openssl", "x509", "-req", "-in", base + ".csr", "-CA", ca, "-CAkey", cakey,
+            "-set_serial", str(1000 + r), "-days", "2", "-out", base + ".pem", "-extfile",
+            base + ".ext")
+    return {"ca": ca, "cert": lambda r: os.path.join(workdir, cluster.region_name(r) + ".pem"),
+            "key": lambda r: os.path.join(workdir, cluster.region_name(r) + ".key")}
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python3 -m strait.launch", description="Runs a command as regions x ranks local processes, each with its own straitd.")
+    p.add_argument("--regions", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=2, help="ranks per region")
+    p.add_argument("--straitd", help="straitd binary (default: $STRAITD or build/*/tools/straitd)")
+    p.add_argument("--no-gateways", action="store_true", help="start no straitd (plain DDP)")
+    p.add_argument("--workdir", help="configs, sockets and logs (default: a temporary directory, "
+                   "removed at the end)")
+    p.add_argument("--wanem", metavar="NAME", help="run region r in strait-wanem NAME's namespace")
+    p.add_argument("--wanem-bin", default=os.environ.get("STRAIT_WANEM", "strait-wanem"))
+    p.add_argument("--tls", action="store_true", help="mutual TLS between the straitds")
+    p.add_argument("--policy", default=cluster.DEFAULT_POLICY, help="straitd's [policy] body")
+    p.add_argument("--deadline", default="30s", help="straitd's all-reduce deadline")
+    p.add_argument("--wan-bytes-out", metavar="FILE",
+                   help="write the bytes every straitd sent to its WAN peers "
+                        "(strait_peer_sent_bytes_total, summed) to FILE when the ranks are done")
+    p.add_argument("--grace", type=float, default=90.0,
+                   help="seconds the other ranks get after one failed, before they are killed")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    a = p.parse_args(argv)
+    if a.command and a.command[0] == "--":
+        a.command = a.command[1:]
+    if not a.command:
+        p.error("no command given (after --)")
+    return a
+
+
+def main(argv=None):
+    a = parse(sys.argv[1:] if argv is None else argv)
+    own_dir = a.workdir is None
+    workdir = a.workdir or tempfile.mkdtemp(prefix="strait-launch-")
+    os.makedirs(workdir, exist_ok=True)
+    if a.wanem:
+        prefix = lambda r: [a.wanem_bin, "exec", "--name", a.wanem, str(r), "--"]  # noqa: E731
+        address = lambda r: f"10.201.{r}.1"  # noqa: E731
+        ports = lambda r, i: 7700 + i  # noqa: E731 -- every region has its own namespace
+    else:
+        prefix, address, ports = (lambda r: []), (lambda r: "127.0.0.1"), None
+    gateways = None
+    procs = []
+    try:
+        if not a.no_gateways:
+            tls = make_pki(workdir, a.regions) if a.tls else None
+            gateways = cluster.Gateways(a.straitd or cluster.find_straitd(), a.regions, a.ranks,
+                                        workdir, address=address, prefix=prefix, tls=tls,
+                                        policy=a.policy, deadline=a.deadline, ports=ports,
+                                        metrics=bool(a.wan_bytes_out))
+            gateways.start()
+        master_port = cluster.free_ports(1)[0] if not a.wanem else 29500
+        world = a.regions * a.ranks
+        for rank in range(world):
+            r, i = divmod(rank, a.ranks)
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(i),
+                       LOCAL_WORLD_SIZE=str(a.ranks), MASTER_ADDR=address(0),
+                       MASTER_PORT=str(master_port), STRAIT_REGION=cluster.region_name(r))
+            if gateways is not None:
+                env["STRAIT_GATEWAY"] = gateways.socket(r, i)
+            procs.append(subprocess.Popen(prefix(r) + a.command, env=env))
+        first_bad = 0
+        deadline = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            bad = [c for c in codes if c not in (None, 0)]
+            if bad and not first_bad:
+                first_bad = bad[0]
+                deadline = time.monotonic() + a.grace
+            if deadline is not None and time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                print(f"strait.launch: killed the ranks still running {a.grace} s after one "
+                      f"failed", file=sys.stderr)
+            time.sleep(0.05)
+        codes = [p.returncode for p in procs]
+        if a.wan_bytes_out and gateways is not None and not any(codes):
+            with open(a.wan_bytes_out, "w") as f:
+                f.write(f"{gateways.metric_sum('strait_peer_sent_bytes_total'):.0f}\n")
+        bad = [c for c in codes if c != 0]
+        if bad and not first_bad:
+            first_bad = bad[0]
+        if first_bad:
+            print(f"strait.launch: exit codes by rank: {codes}", file=sys.stderr)
+        return 1 if first_bad < 0 else first_bad
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if gateways is not None:
+            gateways.stop()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

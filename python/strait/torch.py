@@ -1,0 +1,257 @@
+# PyTorch integration: a DDP communication hook that runs Strait's cross-region all-reduce, and a
+# `strait` process-group backend whose all-reduce is that cross-region step.
+#
+# The hook (hierarchical_hook with a HierarchicalState) does, for each gradient bucket, on one
+# worker thread per state and in the order DDP issues the buckets:
+#   1. reduce-scatter the bucket inside the region with the region's own torch process group
+#      (NCCL: reduce_scatter_tensor; gloo, which has none: all_reduce, then this rank's slice);
+#   2. copy this rank's shard to host memory and all-reduce it across the regions through this
+#      rank's straitd (a 1-rank Strait comm; the straitd's shard_index must be the rank in region,
+#      so that shard k of every region meets at the straitds of index k); the gateway applies the
+#      job's compression policy and error feedback (residuals kept per bucket key);
+#   3. divide by the world size once, copy back and all-gather the shards inside the region.
+# It returns a torch.futures.Future, so DDP overlaps the buckets with the rest of backward.
+# Every rank of every region ends with bit-identical gradients, lossy codecs included (the
+# gateways return one result to every region; the region's all-gather copies it).
+#
+#   import torch.distributed as dist, strait.torch as st
+#   dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+#   region_group, region, local_rank = st.region_groups(ranks_per_region)
+#   state = st.HierarchicalState(region_group, gateway=f"/run/strait/straitd{local_rank}.sock",
+#                                job_id="job-42", compression="int8,ef", timeout=60)
+#   model = DDP(model); model.register_comm_hook(state, st.hierarchical_hook)
+#   ...; state.close()
+#
+# Failures (the gateway unreachable or its deadline passed, another rank dead, a mismatched
+# policy) fail the bucket's future with strait.StraitError (or the region group's own error),
+# which DDP raises from backward(); the state then stays failed. Give the process groups a
+# timeout no longer than the Strait deadline so that a rank waiting for a dead peer inside the
+# region fails in time too.
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import ERROR_ABORTED, ERROR_INVALID_ARGUMENT, ERROR_UNSUPPORTED, Comm, StraitError
+
+__all__ = ["HierarchicalState", "hierarchical_hook", "region_groups", "register_backend",
+           "StraitProcessGroup"]
+
+
+def region_groups(ranks_per_region, backend=None, timeout=None):
+    """Splits the default group into regions of `ranks_per_region` consecutive ranks (torchrun
+    with --nnodes=regions --nproc-per-node=ranks_per_region numbers them that way). Every rank
+    must call it. Returns (this rank's region group, region index, rank in region)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if ranks_per_region < 1 or world % ranks_per_region != 0:
+        raise StraitError(ERROR_INVALID_ARGUMENT, f"world size {world} is not a multiple of "
+                          f"ranks_per_region={ranks_per_region}")
+    mine = None
+    kwargs = {}
+    if backend is not None:
+        kwargs["backend"] = backend
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    for start in range(0, world, ranks_per_region):
+        g = dist.new_group(list(range(start, start + ranks_per_region)), **kwargs)
+        if start <= rank < start + ranks_per_region:
+            mine = g
+    return mine, rank // ranks_per_region, rank % ranks_per_region
+
+
+class HierarchicalState:
+    """The hook's state: the region group, this rank's Strait comm and the worker thread.
+
+    region_group: the torch process group of this rank's region (every region the same size).
+    gateway: the socket of this rank's straitd, whose shard_index is this rank's index in the
+    region (None: $STRAIT_GATEWAY). region, job_id, compression: as strait.Comm (None: the
+    STRAIT_* variables). timeout: seconds, the deadline of each cross-region step.
+    world_size: the divisor of the average (None: the default group's size).
+    Creating it registers the job at the gateway (blocks until then). close() stops the worker
+    and the comm; idempotent."""
+
+    def __init__(self, region_group, gateway=None, job_id=None, compression=None, region=None,
+                 timeout=60.0, world_size=None):
+        self.region_group = region_group
+        self.region_rank = dist.get_rank(region_group)
+        self.region_size = dist.get_world_size(region_group)
+        if self.region_rank < 0:
+            raise StraitError(ERROR_INVALID_ARGUMENT, "this rank is not in region_group")
+        self.world_size = world_size if world_size is not None else dist.get_world_size()
+        self.backend = str(dist.get_backend(region_group))
+        self.comm = Comm(region=region, rank=0, nranks=1, gateway=gateway, job_id=job_id,
+                         compression=compression, timeout=timeout)
+        self.steps = 0          # buckets all-reduced
+        self.wan_elements = 0   # elements this rank sent across regions (before compression)
+        self._failed = None
+        self._queue = queue.Queue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._loop, name="strait-ddp-hook", daemon=True)
+        self._worker.start()
+
+    # DDP pickles hook states only for its own checkpointing of comm hooks; ours holds a live
+    # comm and thread, which do not survive a pickle.
+    def __getstate__(self):
+        raise TypeError("strait.torch.HierarchicalState cannot be pickled")
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join()
+        self.comm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def submit(self, buf, index):
+        """Queues one bucket (a flat tensor) and returns the Future of its reduced values."""
+        if buf.is_cuda:
+            fut = torch.futures.Future(devices=[buf.device])
+            stream = torch.cuda.current_stream(buf.device)
+        else:
+            fut = torch.futures.Future()
+            stream = None
+        if self._closed:
+            fut.set_exception(StraitError(ERROR_INVALID_ARGUMENT, "the hook's state is closed"))
+        elif self._failed is not None:
+            fut.set_exception(self._failed)
+        else:
+            self._queue.put((buf, index, fut, stream))
+        return fut
+
+    def _loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            buf, index, fut, stream = item
+            if self._failed is not None:
+                fut.set_exception(self._failed)
+                continue
+            try:
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        self._reduce(buf, index)
+                else:
+                    self._reduce(buf, index)
+            except BaseException as e:  # noqa: BLE001 -- handed to DDP through the future
+                if not isinstance(e, StraitError):
+                    # The region group's own failure (a dead peer, its timeout): one exception
+                    # type for every failure of the hook.
+                    e = StraitError(ERROR_ABORTED, f"bucket {index} ({buf.numel()} {buf.dtype}), "
+                                    f"inside the region ({self.backend}): {type(e).__name__}: {e}")
+                self._failed = e
+                fut.set_exception(e)
+                continue
+            fut.set_result(buf)
+
+    def _reduce(self, buf, index):
+        n, m, r, g = buf.numel(), self.region_size, self.region_rank, self.region_group
+        s = (n + m - 1) // m
+        flat = buf if s * m == n else torch.cat([buf, buf.new_zeros(s * m - n)])
+        # 1. Inside the region: this rank ends with the region's sum of shard r.
+        if m == 1:
+            shard = flat
+        elif self.backend == "nccl":
+            shard = flat.new_empty(s)
+            rs = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+            rs(shard, flat, group=g)
+        else:
+            dist.all_reduce(flat, group=g)
+            shard = flat[r * s:(r + 1) * s]
+        # 2. Across the regions, through this rank's straitd.
+        host = shard if shard.device.type == "cpu" else shard.to("cpu")
+        if not host.is_contiguous():
+            host = host.contiguous()
+        self.comm.allreduce(host, op="sum", key=f"ddp.bucket{index}.n{n}")
+        self.steps += 1
+        self.wan_elements += host.numel()
+        # 3. The average, back into the region.
+        host.div_(self.world_size)
+        if host is not shard:
+            shard.copy_(host, non_blocking=False)
+        if m > 1:
+            if self.backend == "nccl":
+                ag = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+                out = flat.new_empty(s * m)
+                ag(out, shard, group=g)
+                flat = out
+            else:
+                parts = list(flat.split(s))
+                dist.all_gather(parts, shard.clone() if shard.data_ptr() == parts[r].data_ptr()
+                                else shard, group=g)
+        if flat.data_ptr() != buf.data_ptr():
+            buf.copy_(flat[:n])
+
+
+def hierarchical_hook(state, bucket):
+    """The DDP communication hook: register with model.register_comm_hook(state, this)."""
+    return state.submit(bucket.buffer(), bucket.index())
+
+
+# --- The `strait` process-group backend ------------------------------------------------------
+
+_TORCH_OPS = {}
+
+
+def _op_name(op):
+    if not _TORCH_OPS:
+        R = dist.ReduceOp
+        _TORCH_OPS.update({R.SUM: "sum", R.PRODUCT: "prod", R.MAX: "max", R.MIN: "min"})
+        if hasattr(R, "AVG"):
+            _TORCH_OPS[R.AVG] = "avg"
+    for k, v in _TORCH_OPS.items():
+        if op == k:
+            return v
+    raise StraitError(ERROR_UNSUPPORTED, f"the strait backend does not support {op}")
+
+
+class StraitProcessGroup(dist.ProcessGroup):
+    """A process group whose members are one rank per region (rank = region index) and whose
+    all-reduce is Strait's cross-region all-reduce through this process's straitd
+    ($STRAIT_GATEWAY, $STRAIT_REGION, $STRAIT_JOB_ID, $STRAIT_COMPRESSION): e.g. HSDP's replicate
+    dimension, or the replica group of a fault-tolerant trainer. allreduce and barrier only;
+    CPU tensors (the host backend). Calls block until done, then return a completed Work."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 60.0
+        self._comm = Comm(rank=0, nranks=1, timeout=secs)
+        self._barriers = 0
+
+    def getBackendName(self):
+        return "strait"
+
+    def _done(self, result):
+        fut = torch.futures.Future()
+        fut.set_result(result)
+        return torch._C._distributed_c10d._create_work_from_future(fut)
+
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        for t in tensors:
+            self._comm.allreduce(t, op=op)
+        return self._done(tensors)
+
+    def barrier(self, opts=None):
+        t = torch.zeros(1, dtype=torch.int32)
+        self._barriers += 1
+        self._comm.allreduce(t, op="sum", key=f"strait.barrier.{self._barriers}")
+        return self._done([t])
+
+    def close(self):
+        self._comm.close()
+
+
+def register_backend():
+    """Registers the `strait` backend (idempotent): dist.new_group(ranks, backend="strait")."""
+    if "strait" not in dist.Backend.__dict__ and getattr(dist.Backend, "STRAIT", None) is None:
+        dist.Backend.register_backend("strait", StraitProcessGroup)

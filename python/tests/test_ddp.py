@@ -1,0 +1,154 @@
+# End to end: 2 regions x 2 ranks (one process each, started by strait.launch) on loopback with a
+# real straitd per rank; DDP with strait.torch.hierarchical_hook against plain gloo DDP on the
+# same batches (tests/ddp_worker.py), a short training run of examples/pytorch/train_ddp.py, a
+# rank killed mid-run (every other rank must fail with one clear error, in time), and the
+# `strait` process-group backend.
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TEST_POLICY
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(ROOT, "examples", "pytorch", "train_ddp.py")
+
+
+def env():
+    return dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + HERE,
+                OMP_NUM_THREADS="1")
+
+
+def launch(straitd, workdir, command, regions=2, ranks=2, timeout=150, deadline="20s", **kw):
+    args = [sys.executable, "-m", "strait.launch", "--regions", str(regions), "--ranks",
+            str(ranks), "--straitd", straitd, "--workdir", str(workdir), "--policy", TEST_POLICY,
+            "--deadline", deadline, "--grace", "40", "--"] + command
+    return subprocess.run(args, env=env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="module")
+def ddp_records(library, straitd, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    r = launch(straitd, out / "gw", [sys.executable, os.path.join(HERE, "ddp_worker.py"),
+                                     str(out), "exact,int8"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {(rank, p): torch.load(out / f"rank{rank}_{p}.pt")
+            for rank in range(4) for p in ("exact", "int8")}
+
+
+def test_lossless_hook_gives_gloos_gradients_bit_for_bit(ddp_records):
+    for rank in range(4):
+        rec = ddp_records[(rank, "exact")]
+        assert len(rec["strait"]) == 6
+        for step, (g, s) in enumerate(zip(rec["gloo"], rec["strait"])):
+            for a, b in zip(g, s):
+                assert torch.equal(a, b), f"rank {rank} step {step}: {a} != {b}"
+        # Not all zero: the check above compared something.
+        assert any(bool(a.abs().sum() > 0) for a in rec["gloo"][0])
+        assert rec["wan_elements"] > 0
+
+
+def test_int8_hook_is_close_to_gloo_and_identical_on_every_rank(ddp_records):
+    recs = [ddp_records[(rank, "int8")] for rank in range(4)]
+    differs = False
+    for step in range(6):
+        for i, (g, s) in enumerate(zip(recs[0]["gloo"][step], recs[0]["strait"][step])):
+            rel = float((s - g).norm() / g.norm().clamp_min(1e-12))
+            assert rel < 0.1, f"step {step} param {i}: relative error {rel:.3f}"
+            differs |= not torch.equal(g, s)
+            for r in recs[1:]:
+                assert torch.equal(r["strait"][step][i], s), "ranks got different gradients"
+    assert differs, "int8 gave gloo's gradients exactly: did the codec run?"
+    for r in recs[1:]:
+        for a, b in zip(r["params"], recs[0]["params"]):
+            assert torch.equal(a, b)
+
+
+def test_training_example_learns_digits(library, straitd, tmp_path):
+    log = tmp_path / "run.json"
+    r = launch(straitd, tmp_path / "gw",
+               [sys.executable, EXAMPLE, "--hook", "strait", "--compression", "int8,ef",
+                "--steps", "120", "--quiet", "--log", str(log)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    run = json.loads(log.read_text())
+    assert run["identical"] and run["accuracy"] > 0.85, run["accuracy"]
+    assert run["steps"][-1]["loss"] < run["steps"][0]["loss"] / 3
+    png = tmp_path / "loss.png"
+    p = subprocess.run([sys.executable, EXAMPLE, "--plot", str(png), str(log)], env=env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and png.stat().st_size > 1000, p.stderr
+
+
+def test_a_killed_rank_fails_every_other_rank_in_time(library, straitd, tmp_path):
+    # Rank 3 (region 1) is killed after a few steps; every other rank must exit 1 with one
+    # "train_ddp: error:" line within the deadline (10 s), not hang.
+    args = [sys.executable, "-m", "strait.launch", "--regions", "2", "--ranks", "2", "--straitd",
+            straitd, "--workdir", str(tmp_path / "gw"), "--policy", TEST_POLICY, "--deadline",
+            "10s", "--grace", "60", "--", sys.executable, EXAMPLE, "--hook", "strait", "--steps",
+            "100000", "--timeout", "10"]
+    p = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        # Wait for training to run, then kill rank 3 (a child of the launcher with RANK=3).
+        line = ""
+        while "step   20" not in line:
+            line = p.stdout.readline()
+            assert line or p.poll() is None, p.stderr.read()
+        victim = None
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    e = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"RANK=3" in e and b"train_ddp.py" in cmd and os.getpgid(int(pid)) == p.pid:
+                victim = int(pid)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = p.communicate(timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode != 0
+    errors = [ln for ln in err.splitlines() if ln.startswith("train_ddp: error:")]
+    assert len(errors) == 3, err  # ranks 0, 1, 2: one line each
+    assert took < 45, f"the other ranks took {took:.0f} s to fail (deadline 10 s)"
+
+
+def test_strait_process_group_backend(library, straitd, tmp_path):
+    # One rank per region in a `strait` group: dist.all_reduce is the cross-region all-reduce.
+    script = (
+        "import datetime, os, torch, torch.distributed as dist, strait.torch as st\n"
+        "st.register_backend()\n"
+        "os.environ['STRAIT_JOB_ID'] = 'pg-test-' + os.environ['MASTER_PORT']\n"
+        "os.environ['STRAIT_COMPRESSION'] = 'none'\n"
+        "dist.init_process_group('strait', timeout=datetime.timedelta(seconds=20))\n"
+        "r = dist.get_rank()\n"
+        "t = torch.arange(6, dtype=torch.float32) * (r + 1)\n"
+        "dist.all_reduce(t)\n"
+        "m = torch.tensor([r * 10], dtype=torch.int64)\n"
+        "dist.all_reduce(m, op=dist.ReduceOp.MAX)\n"
+        "dist.barrier()\n"
+        "assert t.tolist() == [3.0 * i for i in range(6)], t\n"
+        "assert m.item() == 10, m\n"
+        "try:\n"
+        "    dist.broadcast(t, 0)\n"
+        "    raise SystemExit('broadcast should not be supported')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'broadcast' in str(e) or 'not supported' in str(e) or 'implement' in str(e), e\n"
+        "print('PG-OK', r, flush=True)\n"
+        "os._exit(0)\n")
+    r = launch(straitd, tmp_path / "gw", [sys.executable, "-c", script], ranks=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("PG-OK") == 2, r.stdout + r.stderr
