@@ -4,6 +4,7 @@
 #   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
 #   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
 #   share/doc/strait/README.md, CHANGELOG.md
+#   lib/python3/dist-packages/strait/ (the Python package, python/strait: Debian's python3 path)
 # besides the headers, the CMake package and the NCCL plugin that their own directories install.
 # `cpack -G DEB` then makes strait_<version>_<arch>.deb from the same rules (prefix /usr);
 # its library dependencies come from dpkg-shlibdeps.
@@ -31,6 +32,10 @@ install(PROGRAMS ${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh DESTINATION ${CMAKE_
         RENAME strait-certs)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
+# The Python package (pure Python; it dlopens libstrait.so.0 from the loader's path, which the
+# postinst's ldconfig makes current).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/strait/ DESTINATION lib/python3/dist-packages/strait
+        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
 
 # --- CPack: one .deb with everything above ----------------------------------------------------
 set(CPACK_PACKAGE_NAME strait)

@@ -18,6 +18,8 @@ PACKAGES=(
   systemd yamllint python3-yaml dpkg-dev
   # promtool (checks straitd's /metrics output in the metrics integration test).
   prometheus
+  # The Python package's tests, the PyTorch example and its benchmark (python/, examples/pytorch).
+  python3-torch python3-numpy python3-sklearn python3-matplotlib python3-pytest
 )
 
 missing=()

@@ -17,7 +17,7 @@ import sys
 import time
 
 DEFAULT_POLICY = ('allowed_codecs = ["none", "zstd", "int8", "int4", "fp8"]\n'
-                  'max_relative_error = 1.0\nmin_lossy_bytes = "64KiB"\n')
+                  'max_relative_error = 1.0\nmin_lossy_bytes = "16KiB"\n')
 
 
 def region_name(r):

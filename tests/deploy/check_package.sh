@@ -57,7 +57,8 @@ root=$work/root
 dpkg -x "$deb" "$root"
 for f in usr/bin/straitd usr/bin/strait-bench usr/bin/strait-wanem usr/bin/strait-certs \
   usr/include/strait/status.h usr/lib/systemd/system/straitd.service usr/lib/sysusers.d/straitd.conf \
-  usr/share/strait/straitd.env usr/share/strait/examples/straitd.toml; do
+  usr/share/strait/straitd.env usr/share/strait/examples/straitd.toml \
+  usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py; do
   [[ -e $root/$f ]] || fail "the .deb lacks /$f"
 done
 grep -qxF 'ExecStart=/usr/bin/straitd --config ${STRAITD_CONFIG} $STRAITD_OPTS' \
@@ -70,6 +71,11 @@ elif ! nm -D --defined-only "$plugin" | grep -q ' ncclNetPlugin_v'; then
 fi
 [[ -n $(find "$root/usr/lib" -path '*/cmake/Strait/StraitConfig.cmake') ]] ||
   fail "the .deb lacks /usr/lib/.../cmake/Strait/StraitConfig.cmake"
+# The Python package loads the unpacked libstrait.so.0 (no torch needed for this).
+lib=$(find "$root/usr/lib" -name libstrait.so.0 | head -n 1)
+v=$(STRAIT_LIBRARY=$lib PYTHONPATH=$root/usr/lib/python3/dist-packages python3 -c \
+      'import strait; print(".".join(map(str, strait.version())))' 2>&1) ||
+  fail "the .deb's Python package does not load its libstrait.so.0: $v"
 if ((failed)); then exit 1; fi
 
 # --- the demo, from the unpacked files only ----------------------------------------------------
