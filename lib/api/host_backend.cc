@@ -210,6 +210,14 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // Last, once the region is complete (its own problems are named first): the comm's
+  // generation, agreed with every region's gateway of this shard (local_protocol.h, "Operation
+  // identity"). This comm's all-reduces are numbered within it, so no step of an earlier comm
+  // (before a failure or a gateway restart) can ever pair with them.
+  if (auto generation = g.client->JoinJob(options.job, deadline); !generation.ok()) {
+    return generation.status().WithContext(me + ": joining job '" + options.job +
+                                           "' with the other regions");
+  }
   return comm;
 }
 

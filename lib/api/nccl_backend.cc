@@ -333,6 +333,11 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions& opti
   STRAIT_RETURN_IF_ERROR(policy.status().WithContext("registering job " + options.job));
   impl->policy = *policy;
   impl->frame_policy = FramePolicyOf(impl->policy);
+  // The comm's generation, agreed with every region (local_protocol.h, "Operation identity"):
+  // its all-reduces are numbered within it, so no step of an earlier comm can pair with them.
+  STRAIT_RETURN_IF_ERROR(impl->client->JoinJob(options.job, deadline)
+                             .status()
+                             .WithContext("joining job " + options.job + " with the other regions"));
   {
     DeviceScope scope(impl->device);
     STRAIT_RETURN_IF_ERROR(CudaError(cudaEventCreateWithFlags(&impl->last, cudaEventDisableTiming),

@@ -3,7 +3,7 @@
 // Each rank is a gateway; rank i talks to rank j over one net::Link (a TLS stream pool), using
 // link channels reserved for collective traffic. A message is a 24-byte header and a payload:
 //   off size field (little-endian)
-//     0    1 version (kNetTransportVersion = 2)
+//     0    1 version (kNetTransportVersion = 3)
 //     1    1 kind: 0 = data, 1 = abort, 2 = hello (explicit values, never renumbered)
 //     2    2 reserved, zero
 //     4    4 the sender's rank
@@ -17,7 +17,9 @@
 // add kinds without breaking this one). Messages to this rank itself never touch the network.
 //
 // Wire versions: version 1 (the first straitd slice, never released) had a 16-byte header
-// without the incarnation and only kind 0. A version-1 peer and this build refuse each other's
+// without the incarnation and only kind 0. Version 3 has version 2's layout; it changed what op
+// ids mean (the gateway's operation identities, gateway/generation.h, replaced its numbering),
+// so gateways of versions 2 and 3 refuse each other instead of never pairing. A version-1 peer and this build refuse each other's
 // messages with a version error naming both versions; upgrade every gateway of a shard together.
 //
 // Aborts (kind 1): Abort(op, why, note) sends one to every peer with a link. The receiver's
@@ -65,7 +67,7 @@ class Link;
 
 namespace strait::collective {
 
-inline constexpr uint8_t kNetTransportVersion = 2;
+inline constexpr uint8_t kNetTransportVersion = 3;
 inline constexpr size_t kNetTransportHeaderSize = 24;
 enum class NetMessageKind : uint8_t {
   kData = 0,

@@ -236,10 +236,10 @@ StatusOr<Plan> MakePlan(const PlanOptions& o) {
     begin = end;
   }
   // Checked before anything is allocated: a tiny chunk size on a huge tensor must fail fast.
-  if (total_chunks > kMaxTagChunks) {
+  if (total_chunks > kCommitChunk) {
     return InvalidArgumentError("plan: " + std::to_string(total_chunks) + " chunks of " +
                                 std::to_string(plan.chunk_elements) + " elements exceed the " +
-                                std::to_string(kMaxTagChunks) +
+                                std::to_string(kCommitChunk) +
                                 " a tag can number; raise "
                                 "chunk_elements");
   }

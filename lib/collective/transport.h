@@ -71,6 +71,9 @@ inline constexpr int kTagChunkBits = 24;
 inline constexpr int kOpIdBits = 38;
 inline constexpr uint64_t kOpIdMask = (uint64_t{1} << kOpIdBits) - 1;
 inline constexpr uint32_t kMaxTagChunks = uint32_t{1} << kTagChunkBits;
+// The last chunk number is no chunk's: the gateway's commit message of an operation uses it
+// (plans stay below it).
+inline constexpr uint32_t kCommitChunk = kMaxTagChunks - 1;
 
 enum class TagPhase : uint8_t {
   kMeshScatter = 0,  // a rank's encoded part of a shard, to the shard's owner

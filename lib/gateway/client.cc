@@ -131,6 +131,53 @@ StatusOr<std::string> Client::RegisterJob(const std::string& job, const std::str
   return reply.text;
 }
 
+StatusOr<uint64_t> Client::JoinLocked(const std::string& job, Deadline deadline) {
+  Message m;
+  m.type = MessageType::kJoinJob;
+  m.job = job;
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  // As for all-reduces: the gateway answers at the deadline with who is missing.
+  const Deadline reply_by =
+      deadline.IsInfinite() ? deadline
+                            : Deadline::After(deadline.RemainingNanos() + 500'000'000);
+  STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, reply_by));
+  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
+  if (reply.data.size() != 8 || GetU64(reply.data.data()) == 0) {
+    broken_ = true;
+    return InternalError("gateway answered join-job with " + std::to_string(reply.data.size()) +
+                         " data bytes; expected a nonzero 8-byte generation");
+  }
+  Session& session = sessions_[job];
+  session.generation = GetU64(reply.data.data());
+  session.next = 0;
+  session.rejoin = false;
+  return session.generation;
+}
+
+StatusOr<uint64_t> Client::JoinJob(const std::string& job, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return JoinLocked(job, deadline);
+}
+
+Status Client::NextIdentity(const std::string& job, Deadline deadline, Message* m) {
+  auto it = sessions_.find(job);
+  if (it == sessions_.end() || it->second.rejoin) {
+    STRAIT_RETURN_IF_ERROR(JoinLocked(job, deadline).status());
+    it = sessions_.find(job);
+  }
+  m->generation = it->second.generation;
+  m->sequence = it->second.next++;
+  return Status::Ok();
+}
+
+Status Client::Finished(const std::string& job, Status s) {
+  // A failed step ends the generation for this client: every region failed it too (the
+  // gateways make failures symmetric), and the next call starts a new one with them.
+  if (!s.ok()) sessions_[job].rejoin = true;
+  return s;
+}
+
 Status Client::AllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                          ReduceOp op, void* data, size_t count, Deadline deadline) {
   return AllReduceAs(MessageType::kAllReduce, job, tensor_key, dtype, op, data, count, deadline);
@@ -168,6 +215,7 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
           : Deadline::After(deadline.RemainingNanos() +
                             std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
   // The tensor goes out straight from the caller's buffer and the result comes back straight
   // into it: no tensor-sized buffer is allocated (and faulted in) per call on this side.
   STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, bytes));
@@ -178,9 +226,9 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   }
   if (!s.ok()) {
     broken_ = true;
-    return s;
+    return Finished(job, s);
   }
-  return ReadAllReduceReply(type, data, bytes, reply_by);
+  return Finished(job, ReadAllReduceReply(type, data, bytes, reply_by));
 }
 
 Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline) {
@@ -251,16 +299,18 @@ Status Client::AllReduceFrame(const std::string& job, const std::string& tensor_
           : Deadline::After(deadline.RemainingNanos() +
                             std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
   STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, frame_in.size()));
   Status s = WriteAll(fd_, head, reply_by);
   if (s.ok() && !frame_in.empty()) s = WriteAll(fd_, frame_in, reply_by);
   if (!s.ok()) {
     broken_ = true;
-    return s;
+    return Finished(job, s);
   }
-  STRAIT_ASSIGN_OR_RETURN(Message reply, ReadReply(m.type, reply_by));
-  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
-  *frame_out = std::move(reply.data);
+  auto reply = ReadReply(m.type, reply_by);
+  if (!reply.ok()) return Finished(job, reply.status());
+  if (reply->code != StatusCode::kOk) return Finished(job, Status(reply->code, reply->text));
+  *frame_out = std::move(reply->data);
   return Status::Ok();
 }
 

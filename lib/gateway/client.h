@@ -15,6 +15,7 @@
 #define STRAIT_LIB_GATEWAY_CLIENT_H_
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -43,6 +44,15 @@ class Client {
   // the policy the gateway resolved, e.g. "int8+ef (...)". Registering again replaces it.
   StatusOr<std::string> RegisterJob(const std::string& job, const std::string& policy,
                                     Deadline deadline);
+
+  // Joins `job`'s next generation with every other region's gateway of this shard (blocks
+  // until they all joined it, or `deadline`: kDeadlineExceeded naming the missing regions) and
+  // numbers this client's next all-reduces of the job 0, 1, 2, ... within it (see "Operation
+  // identity" in local_protocol.h). A comm calls it once when it is created. The all-reduce
+  // calls below join by themselves when the job was not joined yet, or when an earlier
+  // all-reduce of the job failed on this client (every region failed that step too, and the
+  // next one starts a new generation with them).
+  StatusOr<uint64_t> JoinJob(const std::string& job, Deadline deadline);
 
   // All-reduces `count` elements of `dtype` at `data` in place across the regions, under `job`'s
   // policy. Every region's ranks must issue the same (job, tensor key) sequence in the same
@@ -89,9 +99,22 @@ class Client {
   Status AllReduceAs(MessageType type, const std::string& job, const std::string& tensor_key,
                      DataType dtype, ReduceOp op, void* data, size_t count, Deadline deadline);
 
+  // The job's generation and the sequence of its next all-reduce on this client.
+  struct Session {
+    uint64_t generation = 0;
+    uint64_t next = 0;
+    bool rejoin = true;
+  };
+  StatusOr<uint64_t> JoinLocked(const std::string& job, Deadline deadline);
+  // Fills m's (generation, sequence), joining first where needed.
+  Status NextIdentity(const std::string& job, Deadline deadline, Message* m);
+  // Returns `s`, marking the job for a new generation when it failed.
+  Status Finished(const std::string& job, Status s);
+
   std::mutex mu_;
   int fd_ = -1;
   bool broken_ = false;
+  std::map<std::string, Session> sessions_;
 };
 
 // ---- Tunnels ----------------------------------------------------------------------------------

@@ -44,6 +44,36 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
+// What every region's gateway must see alike for one step (see "Operation identity" in
+// local_protocol.h), as readable text: hashed into the op id and named in mismatch errors.
+std::string IdentityText(const Message& request, const FrameInfo* frame) {
+  std::string t = std::string(MessageTypeName(request.type)) + " key=" + request.tensor_key +
+                  " count=" + std::to_string(request.count) + " dtype=" +
+                  DataTypeName(request.dtype) + " op=" + ReduceOpName(request.op);
+  if (frame != nullptr) {
+    t += " frame=" + std::string(CodecName(frame->codec)) + "/" + std::to_string(frame->block_size);
+  }
+  return t;
+}
+
+// The key of a (job, scope) in Generations: a job's comms of different scopes have generations
+// of their own.
+std::string GenerationKey(const std::string& job, uint64_t scope) {
+  return scope == 0 ? job : job + "\x1f#" + std::to_string(scope);
+}
+
+// (generation, sequence) folded into OperationId's sequence argument (splitmix64's finaliser:
+// stable across builds and machines).
+uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t IdentityWord(uint64_t generation, uint64_t sequence) {
+  return Mix64(Mix64(generation) ^ sequence);
+}
+
 }  // namespace
 
 uint32_t JobLane(const std::string& job) {
@@ -80,6 +110,25 @@ Message Reply(MessageType to, const Status& status) {
 void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message) {
   if (IsTunnelChannel(channel)) {  // cross-region tunnels (tunnel.h)
     tunnels->OnWanMessage(peer, channel, std::move(message));
+    return;
+  }
+  if (channel == kGenerationChannel) {  // generations and operation identities
+    auto effects = generations->OnMessage(peer, message);
+    if (!effects.ok()) {
+      STRAIT_LOG(kWarn, kLog) << "bad generation message from "
+                              << world[static_cast<size_t>(peer)] << ": " << effects.status();
+      return;
+    }
+    for (auto& [op_id, why] : effects->aborts) {
+      STRAIT_LOG(kInfo, kLog) << "aborting an all-reduce: " << why.message();
+      transport->Abort(op_id, why);
+    }
+    if (effects->reply.has_value()) {
+      if (std::shared_ptr<net::Link> link = LinkTo(peer)) {
+        link->Send(kGenerationChannel, std::move(*effects->reply), Deadline::AfterSeconds(30),
+                   [](Status) {});
+      }
+    }
     return;
   }
   if (channel != kPolicyChannel) {
@@ -196,24 +245,98 @@ std::vector<uint64_t> Gateway::Impl::EgressRates() {
 }
 
 void Gateway::Impl::SendToPeers(const std::vector<uint8_t>& message,
-                                const std::vector<int>& peers) {
+                                const std::vector<int>& peers, uint32_t channel) {
   for (int p : peers) {
     if (p == rank) continue;
     if (std::shared_ptr<net::Link> link = LinkTo(p)) {
-      link->Send(kPolicyChannel, message, Deadline::AfterSeconds(30), [](Status) {});
+      link->Send(channel, message, Deadline::AfterSeconds(30), [](Status) {});
     }
   }
 }
 
+void Gateway::Impl::SendToPeers(uint32_t channel, const std::vector<uint8_t>& message) {
+  std::vector<int> everyone(world.size());
+  for (size_t p = 0; p < everyone.size(); ++p) everyone[p] = static_cast<int>(p);
+  SendToPeers(message, everyone, channel);
+}
+
+Status Gateway::Impl::Commit(uint64_t op_id, Deadline deadline) {
+  // Each gateway says it holds the whole result, then waits for every other one to say so: a
+  // gateway killed before it had everything makes every region fail the step, not just its own.
+  const uint64_t tag = collective::MakeTag(op_id, collective::TagPhase::kMeshScatter,
+                                           collective::kCommitChunk);
+  const int n = static_cast<int>(world.size());
+  for (int p = 0; p < n; ++p) {
+    if (p != rank) transport->Send(p, tag, std::vector<uint8_t>{1}, deadline, [](Status) {});
+  }
+  std::vector<uint8_t> got;
+  for (int p = 0; p < n; ++p) {
+    if (p == rank) continue;
+    if (Status s = transport->Recv(p, tag, deadline, &got); !s.ok()) {
+      s = s.WithContext("waiting for " + world[static_cast<size_t>(p)] +
+                        " to confirm it holds the result");
+      transport->Abort(op_id, s);
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Message Gateway::Impl::HandleJoin(Message& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (jobs.find(request.job) == jobs.end()) {
+      ++bad_requests;
+      return Reply(request.type, FailedPreconditionError("job \"" + request.job +
+                                                         "\" is not registered; send "
+                                                         "register-job with its policy first"));
+    }
+    if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+      ++refused_requests;
+      return Reply(request.type, owner);
+    }
+  }
+  int64_t budget = config.allreduce_deadline_ns;
+  if (request.timeout_ms > 0) budget = std::min<int64_t>(budget, request.timeout_ms * 1'000'000ll);
+  const Deadline deadline = Deadline::After(budget);
+  if (Status s = WaitForLinks(deadline); !s.ok()) {
+    return Reply(request.type, s.WithContext("joining job " + request.job));
+  }
+  const std::string key = GenerationKey(request.job, request.scope);
+  std::vector<std::pair<uint64_t, Status>> aborts;
+  SendToPeers(kGenerationChannel, generations->BeginJoin(key, &aborts));
+  for (auto& [op_id, why] : aborts) transport->Abort(op_id, why);
+  for (;;) {
+    // Short slices: a peer's higher proposal raises ours, which the peers must hear soon.
+    const Deadline slice = Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 200'000'000));
+    auto g = generations->AwaitJoin(key, slice, [this] { return stopping.load(); });
+    if (g.ok()) {
+      STRAIT_LOG(kInfo, kLog) << "job " << request.job << " (scope " << request.scope
+                              << "): joined generation " << *g;
+      Message m = Reply(request.type, Status::Ok());
+      m.text = "generation " + std::to_string(*g);
+      m.data.resize(8);
+      PutU64(m.data.data(), *g);
+      return m;
+    }
+    if (g.status().code() != StatusCode::kDeadlineExceeded || deadline.Expired()) {
+      return Reply(request.type, g.status());
+    }
+    SendToPeers(generations->StateMessage(key, GenerationMessageKind::kJoin),
+                generations->Missing(key), kGenerationChannel);
+  }
+}
+
 StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string& job,
-                                                               const OpNumbering::Number& number,
+                                                               uint64_t generation,
+                                                               uint64_t sequence,
                                                                Deadline deadline) {
   std::vector<int> everyone(world.size());
   for (size_t p = 0; p < everyone.size(); ++p) everyone[p] = static_cast<int>(p);
-  const WeightsRound round{number.world, number.epoch, number.sequence / kWeightsRoundOps};
+  const WeightsRound round{0, generation, sequence / kWeightsRoundOps};
   // From the middle of a round on, the next round's rates go out ahead, so that they are in
   // when the first operation of that round needs them (no round trip then).
-  if (number.sequence % kWeightsRoundOps >= kWeightsRoundOps / 2) {
+  if (sequence % kWeightsRoundOps >= kWeightsRoundOps / 2) {
     WeightsRound next = round;
     ++next.round;
     if (auto m = weights_agreement->Offer(job, next, EgressRates())) SendToPeers(*m, everyone);
@@ -223,7 +346,7 @@ StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string
     const Deadline slice =
         Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 1'000'000'000));
     auto weights = weights_agreement->Weights(job, round, slice, [this] { return stopping.load(); });
-    if (weights.ok() && number.sequence % kWeightsRoundOps == 0) {
+    if (weights.ok() && sequence % kWeightsRoundOps == 0) {
       std::string text;
       for (uint64_t w : *weights) AppendToList(text, std::to_string(w), ",");
       std::string rates;
@@ -361,7 +484,7 @@ void Gateway::Impl::ServeConnection(int fd) {
       ++bad_requests;
       const uint8_t t = body[0];
       const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
-                         t == 11 ||                        // 11: all-reduce of a frame
+                         t == 11 || t == 12 ||             // 11: all-reduce of a frame, 12: join
                          (t >= 5 && t <= 9);               // 5..9: tunnels
       reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
                     decoded.WithContext("bad request"));
@@ -429,6 +552,7 @@ Message Gateway::Impl::Handle(Message& request) {
     case MessageType::kAllReduce:
     case MessageType::kRegionAllReduce:
     case MessageType::kAllReduceFrame: return HandleAllReduce(request);
+    case MessageType::kJoinJob: return HandleJoin(request);
     case MessageType::kStats: {
       Message m = Reply(request.type, Status::Ok());
       std::ostringstream os;
@@ -443,8 +567,7 @@ Message Gateway::Impl::Handle(Message& request) {
          << reduce_ns << "\ndecode_ns " << decode_ns << "\nwait_ns " << wait_ns
          << "\nack_wait_ns " << ack_wait_ns << "\n";
       // Failure recovery (see "Operations" in gateway.h).
-      os << "peer_restarts " << transport->PeerRestarts() << "\nnumbering_restarts "
-         << numbering.restarts() << "\n";
+      os << "peer_restarts " << transport->PeerRestarts() << "\n";
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_allreduce_ok << "\nregion_bytes_sent "
          << region_bytes_sent << "\nregion_bytes_received " << region_bytes_received << "\n";
@@ -507,6 +630,7 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   const int64_t handle_start = MonotonicNanos();
   JobPolicy policy;
   uint64_t sequence = 0;
+  bool began = false;  // registered with `generations` (EndOp pending)
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = jobs.find(request.job);
@@ -602,63 +726,70 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
       req.error_feedback = false;
     }
   }
-  OpNumbering::Number number;
   if (s.ok()) {
-    // Numbered only once every peer's incarnation is known (see "Operations" in gateway.h).
-    number = numbering.Next(request.job, request.tensor_key, WorldIncarnation());
-    sequence = number.sequence;
-    req.op_id = OperationId(request.job, request.tensor_key, OpNumbering::Word(number));
-    req.abort_note = OpNumbering::Note(request.job, request.tensor_key, number);
+    // The operation's identity (see "Operation identity" in local_protocol.h): its op id hashes
+    // all of it, so steps of different comms or positions never meet; the announcement makes
+    // a disagreement between regions a clear error instead of a wait for the deadline.
+    sequence = request.sequence;
+    std::string identity = IdentityText(request, frame_mode ? &frame_info : nullptr);
+    const uint64_t word = IdentityWord(request.generation, request.sequence);
+    if (request.scope != 0) identity += " scope=" + std::to_string(request.scope);
+    req.op_id = OperationId(request.job, identity, word);
     // Shard weights from the regions' measured link rates (see "Shard weights" in gateway.h),
     // when every region's gateway measures (none configured allreduce.shard_weights).
     const auto agreed = agreement->Agreed(request.job);
     if (req.shard_weights.empty() && agreed.has_value() && agreed->ok() &&
         (*agreed)->measured_weights) {
-      auto weights = MeasuredWeights(request.job, number, deadline);
+      auto weights = MeasuredWeights(request.job, request.generation, request.sequence, deadline);
       if (!weights.ok()) {
         s = weights.status();
-        // The peers numbered this operation too: tell them, so that they move on together.
-        transport->Abort(req.op_id, s, req.abort_note);
+        // The peers run this operation too: tell them, so that every region fails this step.
+        transport->Abort(req.op_id, s);
       } else if (!weights->empty()) {
-        // Operations cut differently never meet: a split mismatch fails, never sums wrongly.
-        std::string text = "\x1fweights";
-        for (uint64_t w : *weights) text += "/" + std::to_string(w);
-        req.op_id = OperationId(request.job, request.tensor_key + text, OpNumbering::Word(number));
+        // Operations cut differently never meet, and the announcement names both splits.
+        identity += " weights=";
+        for (size_t i = 0; i < weights->size(); ++i) {
+          identity += (i ? "/" : "") + std::to_string((*weights)[i]);
+        }
+        req.op_id = OperationId(request.job, identity, word);
         req.shard_weights = *std::move(weights);
       }
     }
-    if (s.ok() && frame_mode) {
-      // Frames cut at another block size (another region's ranks quantizing differently) never
-      // pair with these: the operation fails by its deadline instead of mixing cuts.
-      const std::string cut = "\x1f/frame/" + std::to_string(frame_info.block_size);
-      req.op_id =
-          OperationId(request.job, std::to_string(req.op_id) + cut, OpNumbering::Word(number));
+    std::vector<uint8_t> announce;
+    if (s.ok()) {
+      s = generations->BeginOp(GenerationKey(request.job, request.scope), request.generation,
+                               request.sequence, identity, req.op_id, &announce);
+      began = s.ok();
     }
+    if (began) SendToPeers(kGenerationChannel, announce);
     const int64_t started = MonotonicNanos();
     if (!s.ok()) {
-      // Failed before the operation started (no weights): counted below like any failure.
+      // Refused or failed before the operation started: counted below like any failure.
     } else if (request.type == MessageType::kRegionAllReduce) {
       s = RunRegionAllReduce(req, &stats);
     } else {
       s = collective::AllReduce(*transport, req, &stats);
+      if (s.ok()) s = Commit(req.op_id, deadline);
     }
     if (s.ok()) allreduce_ns += MonotonicNanos() - started;
-    // Any failure, ours or a peer's abort (whose listener did the same), restarts the job's
-    // numbering; AllReduce's abort carried the note so that every peer restarts it too.
-    if (!s.ok() && numbering.Failed(request.job, request.tensor_key, number)) {
-      STRAIT_LOG(kInfo, kLog) << "job " << request.job << ": numbering restarts at epoch "
-                              << number.epoch + 1 << " after a failed all-reduce";
+    if (began) {
+      // A peer's announcement of another identity for this step aborted it: that is the error.
+      if (Status mismatch = generations->EndOp(req.op_id); !s.ok() && !mismatch.ok()) {
+        s = mismatch;
+      }
     }
   }
   --in_flight;
   RecordAllReduce(request, s, MonotonicNanos() - handle_start, stats);
   if (!s.ok()) {
     ++allreduce_failed;
-    STRAIT_LOG(kWarn, kLog) << "all-reduce " << request.job << "/" << request.tensor_key << " #"
-                            << sequence << " failed: " << s;
+    STRAIT_LOG(kWarn, kLog) << "all-reduce " << request.job << "/" << request.tensor_key
+                            << " generation " << request.generation << " step " << sequence
+                            << " failed: " << s;
     return Reply(request.type, s.WithContext("all-reduce of " + request.job + "/" +
-                                             request.tensor_key + " #" +
-                                             std::to_string(sequence)));
+                                             request.tensor_key + " (generation " +
+                                             std::to_string(request.generation) + " step " +
+                                             std::to_string(sequence) + ")"));
   }
   ++allreduce_ok;
   bytes_sent += stats.bytes_sent;
@@ -741,14 +872,6 @@ Status Gateway::Impl::WaitForRegionLinks(Deadline deadline) {
   }
 }
 
-uint64_t Gateway::Impl::RegionIncarnation() const {
-  std::vector<uint64_t> incarnations;
-  for (int i = 0; i < region_transport->size(); ++i) {
-    incarnations.push_back(region_transport->PeerIncarnation(i));
-  }
-  return OpNumbering::WorldIncarnation(incarnations);
-}
-
 Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req,
                                          collective::AllReduceStats* stats) {
   const int m = config.RegionSize();
@@ -766,27 +889,20 @@ Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req,
   }
   if (s.ok()) s = WaitForRegionLinks(req.deadline);
   if (!s.ok()) {
-    // The shard's gateways in the other regions numbered this operation too: tell them.
-    transport->Abort(req.op_id, s, req.abort_note);
+    // The shard's gateways in the other regions run this operation too: tell them.
+    transport->Abort(req.op_id, s);
     return s;
   }
-  const OpNumbering::Number number =
-      region_numbering.Next(req.job, req.tensor_key, RegionIncarnation());
   collective::RegionSide side;
   side.transport = region_transport.get();
-  side.op_id = OperationId(req.job, req.tensor_key, OpNumbering::Word(number));
-  side.abort_note = OpNumbering::Note(req.job, req.tensor_key, number);
+  // The region's gateways derive it from the same identity (see "Operation identity").
+  side.op_id = OperationId(req.job, "\x1fregion-side", req.op_id);
   collective::HierarchicalStats hs;
   s = collective::HierarchicalAllReduce(side, *transport, req, &hs);
   *stats = hs.cross;
   region_bytes_sent += hs.region_bytes_sent;
   region_bytes_received += hs.region_bytes_received;
   if (!s.ok()) {
-    // As for the cross-region numbering: the abort carried the note to the region's gateways.
-    if (region_numbering.Failed(req.job, req.tensor_key, number)) {
-      STRAIT_LOG(kInfo, kLog) << "job " << req.job << ": region numbering restarts at epoch "
-                              << number.epoch + 1 << " after a failed region all-reduce";
-    }
     return s.WithContext("gateway " + std::to_string(config.shard_index) + " of " +
                          std::to_string(m) + " in " + config.region);
   }
@@ -871,16 +987,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   g->transport = std::make_unique<collective::NetTransport>(
       g->rank, static_cast<int>(g->world.size()), g->world, collective::kDefaultCollectiveChannel,
       collective::kCollectiveChannelCount);
-  // A peer's failed all-reduce restarts that job's numbering here too (see gateway.h).
-  g->transport->SetAbortListener([g](int peer, uint64_t, const std::string& note) {
-    std::string job, key;
-    OpNumbering::Number n;
-    if (OpNumbering::ParseNote(note, &job, &key, &n) && g->numbering.Failed(job, key, n)) {
-      STRAIT_LOG(kInfo, kLog) << "job " << job << ": numbering restarts at epoch " << n.epoch + 1
-                              << " after " << g->world[static_cast<size_t>(peer)]
-                              << " aborted an all-reduce";
-    }
-  });
+  g->generations = std::make_unique<Generations>(g->rank, g->world);
 
   // Region all-reduces (see gateway.h): the region's gateways, this one at its shard index (a
   // gateway that is not among them refuses region all-reduces; see RunRegionAllReduce).
@@ -891,16 +998,6 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
     g->region_transport = std::make_unique<collective::NetTransport>(
         config.shard_index < m ? config.shard_index : 0, m, names, kRegionCollectiveChannel,
         collective::kCollectiveChannelCount);
-    g->region_transport->SetAbortListener([g](int peer, uint64_t, const std::string& note) {
-      std::string job, key;
-      OpNumbering::Number n;
-      if (OpNumbering::ParseNote(note, &job, &key, &n) &&
-          g->region_numbering.Failed(job, key, n)) {
-        STRAIT_LOG(kInfo, kLog) << "job " << job << ": region numbering restarts at epoch "
-                                << n.epoch + 1 << " after " << g->region_transport->PeerName(peer)
-                                << " aborted a region all-reduce";
-      }
-    });
     for (int i = 0; i < m; ++i) g->region_receivers.push_back(g->region_transport->ReceiverFor(i));
     g->region_links.resize(static_cast<size_t>(m));
   }

@@ -6,43 +6,27 @@
 // region's rank is its index, so every gateway derives the same numbering from its own config.
 // Each gateway dials the peers ranked above it and accepts the others.
 //
-// Operations: the ranks of every region issue their all-reduces of a (job, tensor key) in the
-// same order; the gateway numbers them per key (0, 1, 2, ...) and derives the collective op id
-// from (job, tensor key, number), so the same operation meets on every gateway without any
-// coordination message. The codecs come from the job's policy (next paragraph).
-//
-// Failures and restarts (the number is really (world, epoch, sequence); numbering.h):
+// Operations (see "Operation identity" in local_protocol.h and generation.h): every comm joins
+// its job once when it is created (kJoinJob); the gateways of every region agree on the job's
+// next generation g before any of them answers. The comm numbers its all-reduces 0, 1, 2, ...
+// within g and sends (g, sequence) with each; the collective op id hashes (job, g, sequence,
+// tensor key, dtype, op, count, ...), so contributions of different steps or comms never meet,
+// by construction. When an operation starts its gateway announces its identity to the peers; a
+// peer whose step at the same (g, sequence) has another identity fails with kFailedPrecondition
+// naming both.
+// Failures are symmetric:
 //   - An all-reduce that fails on one gateway (deadline, lost peer, corrupt frame) aborts on all:
 //     its abort (collective::NetTransport kind 1) ends the others' waits at once with kAborted
-//     naming that region and its reason, and carries the job's (world, epoch).
-//   - Rule 1: every failed all-reduce of a job, whether it failed here or a peer's abort reported
-//     it, moves the job to epoch e + 1 with all its sequences back at 0 (e = the epoch the failed
-//     operation was numbered in; a gateway already past e stays where it is). Except: a peer's
-//     abort of an operation this gateway has not numbered yet (its client has not sent that step
-//     of that tensor key) is held until it does; that step gets the failed number, fails at once
-//     on the abort the transport remembers, and the job moves then. Moving at once would number
-//     this gateway's step s like the peer's step s + 1 and sum two different steps.
-//   - Rule 2: `world` hashes the incarnations of every gateway of the shard (each sends its
-//     random incarnation in a hello on every new link, and in every message), and all-reduces
-//     are numbered only once every peer's incarnation is known; a restarted gateway changes the
-//     world, so it (with no state) and the survivors (once they heard its hello) all start
-//     again at epoch 0, sequence 0. A restarted peer's messages from its previous life are dropped.
-//   Why gateways cannot stay out of step: they diverge only when one of them failed an operation
-//   another did not (e.g. one region's client never sent step s, or one gateway's deadline hit
-//   just before the last frame arrived while the others finished). The one that failed aborts;
-//   links deliver every message exactly once, so each peer, whatever it did with that
-//   operation (completed it, still runs it, never started it), applies rule 1 for the same e and
-//   lands on the same epoch e + 1 with fresh sequences. Rule 1 is a max, so the same failure
-//   reported by several gateways counts once, and a gateway that missed an earlier epoch jumps
-//   to the latest with the next abort it receives. An operation issued while such an abort was
-//   still in flight may be numbered in the old epoch; it fails (by abort or deadline; never a
-//   wrong sum, since different numbers give different op ids) and its own abort aligns everyone
-//   again. So after a failure every rank of the job must treat the failed step as lost (as NCCL
-//   does after an error) and issue its next all-reduce after it saw the error; from then on
-//   the numbering matches. What a gateway learns of a world it has not reached yet (its peers
-//   saw a restart first) is kept (a few worlds per job), so it joins at their epoch. Only an
-//   abort that never arrives breaks this, i.e. a link down past link.unreachable_after (the
-//   dialing side then opens a new link, see below, but the abort sent meanwhile is lost).
+//     naming that region and its reason; a peer that had not started that step yet fails it at
+//     once when it does (the transport remembers aborted op ids).
+//   - A successful all-reduce answers its rank only after every gateway confirmed it holds the
+//     whole result (Commit): a gateway killed mid-step makes every region fail that step.
+//   - A gateway that hears a newer generation of a job (some region's ranks created a new comm,
+//     after a failure or a gateway restart) aborts its operations of older generations at once
+//     and refuses later requests of them, so every rank fails and recreates its comm, and the new
+//     comms start every region at sequence 0 of the same generation.
+//   - A restarted gateway remembers no generation; it proposes the survivors' next one (their
+//     agreed generation + 1), and its peers' messages from its previous life are dropped.
 //   Links after a restart: the restarted gateway dials the peers ranked above it afresh. The
 //   peers ranked below it redial with their old link session, which the restarted process does
 //   not know: it answers so (net wire: hello flag kUnknownSession), their old links end, and
@@ -67,9 +51,8 @@
 // split follows the measured link rates: each gateway sends its links' egress goodput for a
 // job's weights round (a kRates message on kPolicyChannel), and every gateway computes
 // collective::BalancedShardWeights of the same matrix, the split that minimises the busiest
-// link's time. Round = operation sequence / kWeightsRoundOps (16) within the job's (world,
-// epoch), so the weights are re-agreed every 16 operations of a tensor key; the next round's
-// rates go out mid-round, so only a job's first round per epoch waits for a round trip. A
+// link's time. Round = operation sequence / kWeightsRoundOps (16) within the job's generation, so the weights are re-agreed every 16 operations of a tensor key; the next round's
+// rates go out mid-round, so only a job's first round per generation waits for a round trip. A
 // round keeps the previous round's weights unless some rate moved by more than 25%. Unknown
 // rates (a link with less than 1 MiB carried) and near-equal links give equal shards. Measured
 // weights are hashed into the operation id: gateways that computed different splits (which the
@@ -100,9 +83,8 @@
 // same bytes (collective/hierarchical.h has the algorithm and numerics). Each gateway dials every
 // other gateway of its region (same wan.transport and TLS identity as for peer regions; their
 // certificates name this region) and sends over the link it dialed; the region's operations are
-// numbered among its gateways like the cross-region ones among a shard's (a second OpNumbering
-// over the region's incarnations), and the cross-region op id of a region all-reduce also hashes
-// m, so regions that run different numbers of gateways fail by the deadline rather than pairing
+// identified by the node heads' (generation, sequence) like the cross-region ones, and the
+// cross-region op id of a region all-reduce also hashes m, so regions that run different numbers of gateways fail by the deadline rather than pairing
 // different shards. With m = 1 it is the plain all-reduce. Every region must run as many
 // gateways; every node head issues the same region all-reduces in the same order.
 //

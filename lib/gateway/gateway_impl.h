@@ -26,7 +26,7 @@
 #include "gateway/http.h"
 #include "gateway/local_protocol.h"
 #include "gateway/metrics.h"
-#include "gateway/numbering.h"
+#include "gateway/generation.h"
 #include "gateway/policy.h"
 #include "gateway/tunnel.h"
 #include "net/link.h"
@@ -56,8 +56,9 @@ struct Gateway::Impl {
   std::map<std::string, JobPolicy> jobs;
   // job -> the uid that registered it (see "Jobs and isolation" in gateway.h).
   std::map<std::string, uint32_t> job_owners;
-  // Op numbering per job (see "Operations" in gateway.h); thread-safe on its own.
-  OpNumbering numbering;
+  // Each job's generations and its operations' identities (generation.h); thread-safe on its
+  // own. Set up by Start before any link exists.
+  std::unique_ptr<Generations> generations;
 
   int listen_fd = -1;
   std::atomic<bool> stopping{false};
@@ -122,14 +123,6 @@ struct Gateway::Impl {
                                  "(use another job id, or run as that user)");
   }
 
-  // The hash of every gateway's incarnation (OpNumbering::WorldIncarnation); after WaitForLinks.
-  uint64_t WorldIncarnation() const {
-    std::vector<uint64_t> incarnations;
-    for (size_t p = 0; p < world.size(); ++p) {
-      incarnations.push_back(transport->PeerIncarnation(static_cast<int>(p)));
-    }
-    return OpNumbering::WorldIncarnation(incarnations);
-  }
 
   // Policy agreement (gateway.cc, "Policy"): messages on link channels the collective does not
   // use arrive here (I/O thread; never blocks); offers go to peers; the agreed policy of a job,
@@ -146,10 +139,11 @@ struct Gateway::Impl {
   // `deadline`.
   std::unique_ptr<WeightsAgreement> weights_agreement;
   std::vector<uint64_t> EgressRates();
-  void SendToPeers(const std::vector<uint8_t>& message, const std::vector<int>& peers);
-  StatusOr<std::vector<uint64_t>> MeasuredWeights(const std::string& job,
-                                                  const OpNumbering::Number& number,
-                                                  Deadline deadline);
+  void SendToPeers(const std::vector<uint8_t>& message, const std::vector<int>& peers,
+                   uint32_t channel = kPolicyChannel);
+  void SendToPeers(uint32_t channel, const std::vector<uint8_t>& message);  // to every peer
+  StatusOr<std::vector<uint64_t>> MeasuredWeights(const std::string& job, uint64_t generation,
+                                                  uint64_t sequence, Deadline deadline);
 
   // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
   // messages always find it; its threads end when `stopping` turns true.
@@ -169,13 +163,11 @@ struct Gateway::Impl {
   std::unique_ptr<collective::NetTransport> region_transport;
   std::vector<collective::NetTransport::Receiver> region_receivers;  // by shard index
   std::vector<std::shared_ptr<net::Link>> region_links;             // dialed, by shard index
-  OpNumbering region_numbering;  // op numbering among the region's gateways
   std::atomic<uint64_t> region_allreduce_ok{0}, region_bytes_sent{0}, region_bytes_received{0};
   // The receiver of a link another gateway of this region dialed (I/O thread; never blocks).
   net::MessageCallback RegionReceiver();
   // Until every gateway of the region was heard from (its incarnation is known).
   Status WaitForRegionLinks(Deadline deadline);
-  uint64_t RegionIncarnation() const;
   // Runs `req` (numbered for the cross-region transport) as a hierarchical all-reduce.
   Status RunRegionAllReduce(collective::AllReduceRequest& req, collective::AllReduceStats* stats);
 
@@ -203,6 +195,13 @@ struct Gateway::Impl {
   // Takes the request's data (an all-reduce answers in place).
   Message Handle(Message& request);
   Message HandleAllReduce(Message& request);
+  // kJoinJob: agrees on the job's next generation with every peer (generation.h); blocks up to
+  // the request's deadline.
+  Message HandleJoin(Message& request);
+  // After a successful all-reduce: every gateway confirms it holds the result before any
+  // answers its rank, so a step fails in every region or in none (short of a crash in the few
+  // microseconds between two sends).
+  Status Commit(uint64_t op_id, Deadline deadline);
 };
 
 // A reply to a request of type `to` carrying `status` (and nothing else yet).

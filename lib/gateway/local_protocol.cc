@@ -112,7 +112,7 @@ Status CheckFrameOp(uint8_t op) {
 }
 
 bool KnownType(uint8_t t) {
-  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 128 ||
+  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 12 || t == 128 ||
          (t >= 5 && t <= 9);  // tunnels
 }
 
@@ -125,6 +125,7 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kAllReduce: return "all-reduce";
     case MessageType::kRegionAllReduce: return "region-all-reduce";
     case MessageType::kAllReduceFrame: return "all-reduce-frame";
+    case MessageType::kJoinJob: return "join-job";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
     case MessageType::kTunnelListen: return "tunnel-listen";
@@ -175,6 +176,9 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.U8(static_cast<uint8_t>(m.op));
       w.U64(m.count);
       w.U32(m.timeout_ms);
+      w.U64(m.generation);
+      w.U64(m.sequence);
+      w.U64(m.scope);
       carries_data = true;
       break;
     }
@@ -186,7 +190,16 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.Str(m.tensor_key);
       w.U8(static_cast<uint8_t>(m.op));
       w.U32(m.timeout_ms);
+      w.U64(m.generation);
+      w.U64(m.sequence);
+      w.U64(m.scope);
       carries_data = true;
+      break;
+    case MessageType::kJoinJob:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      w.Str(m.job);
+      w.U64(m.scope);
+      w.U32(m.timeout_ms);
       break;
     case MessageType::kStats:
       break;
@@ -285,6 +298,9 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
       m.count = r.Le(8, "count");
       m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      m.generation = r.Le(8, "generation");
+      m.sequence = r.Le(8, "sequence");
+      m.scope = r.Le(8, "scope");
       if (!r.status().ok()) break;
       if (!IsValidDataType(dtype)) {
         return InvalidArgumentError("all-reduce dtype " + std::to_string(dtype) +
@@ -311,6 +327,9 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
       const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
       m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      m.generation = r.Le(8, "generation");
+      m.sequence = r.Le(8, "sequence");
+      m.scope = r.Le(8, "scope");
       if (!r.status().ok()) break;
       STRAIT_RETURN_IF_ERROR(CheckFrameOp(op));
       m.op = static_cast<ReduceOp>(op);
@@ -318,6 +337,11 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       r.RestInto(&m.data);
       break;
     }
+    case MessageType::kJoinJob:
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.scope = r.Le(8, "scope");
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      break;
     case MessageType::kStats:
     case MessageType::kTunnelListen:
       break;

@@ -6,13 +6,15 @@
 //   kHello        u32 magic "STLP", u16 version, string client name      (first on a connection)
 //   kRegisterJob  string job, string policy ("" = the gateway's default; see policy.h)
 //   kAllReduce    string job, string tensor key, u8 dtype, u8 op, u64 count, u32 timeout_ms,
-//                 data (count x dtype size bytes)
+//                 u64 generation, u64 sequence, u64 scope, data (count x dtype size bytes)
+//                 (generation, sequence, scope): the operation's identity (version 2; see "Operation
+//                 identity" below); generation 0 is refused ("join the job first").
 //   kStats        (nothing)
 //   kRegionAllReduce (10) the fields of kAllReduce: the region all-reduce (CollNet mode): the
 //                 gateways of the region reduce-scatter over the LAN, all-reduce their shards
 //                 across regions, and all-gather (gateway.h); the reply is kAllReduce's
 //   kAllReduceFrame (11) string job, string tensor key, u8 op (sum or avg only), u32 timeout_ms,
-//                 data = ONE codec frame (strait/codec.h: header and checksums included): the
+//                 u64 generation, u64 sequence, u64 scope, data = ONE codec frame (strait/codec.h: header and checksums included): the
 //                 rank's contribution, already quantized by the rank (library mode: its GPU
 //                 kernel or the CPU codec, with the rank's own error-feedback residual). Lossy
 //                 codec (int8, int4, fp8), dtype float32/bfloat16/float16, any valid block size,
@@ -30,6 +32,12 @@
 //                 Every rank of every region receives byte-identical frames. Tensors with fewer
 //                 blocks than regions are reduced exactly in fp32 from the decoded frames and the
 //                 result quantized (round to nearest) by each gateway alike, still identical.
+//   kJoinJob (12) string job, u64 scope, u32 timeout_ms (0 = the gateway's allreduce.deadline):
+//                 joins the next generation of (job, scope) -- scope 0 for a rank's comm, a
+//                 comm id where one process runs several comms of a job at once (CollNet) -- with the gateways of every other region (the same shard
+//                 index); blocks until all of them joined the same generation. Reply data: u64
+//                 generation (>= 1). Every comm (host or GPU backend, CollNet) joins once when it
+//                 is created and numbers its operations 0, 1, 2, ... within that generation.
 //   Tunnels (see "Tunnels" below):
 //   kTunnelListen  (nothing)
 //   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
@@ -42,6 +50,16 @@
 //                  (elements per owner region, in rank order); all-reduce-frame: the result
 //                  frame, text as all-reduce's; stats: a text report)
 // Enum values are explicit and never renumbered; a new version adds types, never changes one.
+// Version 2 (this one) added kJoinJob and the (generation, sequence) fields of the all-reduces;
+// a version-1 client's hello is refused with kUnimplemented naming both versions.
+//
+// Operation identity: an all-reduce is (job, scope, generation, sequence, tensor key, dtype, op, count;
+// frames also codec and block size). The generation comes from kJoinJob, which every region's
+// gateway of the shard agrees on (gateway/generation.h); the sequence is the comm's own counter.
+// The gateways match contributions by that identity alone, so steps of different comms, or of
+// different positions in one comm, can never be summed: two regions that disagree on a step's
+// tensor key, dtype or count fail that step with kFailedPrecondition naming both identities, and
+// a step of an old generation fails at once with kAborted once any region joined a newer one.
 //
 // Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
 // carried by the two regions' gateways that hold the same shard index (the NCCL plugin's
@@ -96,7 +114,7 @@
 namespace strait::gateway {
 
 inline constexpr uint32_t kLocalMagic = 0x504C5453;  // "STLP"
-inline constexpr uint16_t kLocalVersion = 1;
+inline constexpr uint16_t kLocalVersion = 2;
 inline constexpr size_t kFrameLengthBytes = 4;
 // The default cap on one frame's body; a gateway may configure less, never more.
 inline constexpr uint32_t kDefaultMaxMessageBytes = 256u << 20;
@@ -116,6 +134,7 @@ enum class MessageType : uint8_t {
   kTunnelClose = 9,
   kRegionAllReduce = 10,  // the fields of kAllReduce; hierarchical across the region's gateways
   kAllReduceFrame = 11,   // a pre-quantized codec frame in, the result frame out
+  kJoinJob = 12,          // agree on the job's next generation (reply data: u64 generation)
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
@@ -135,6 +154,11 @@ struct Message {
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;
   uint32_t timeout_ms = 0;  // 0 = the gateway's allreduce.deadline
+  // kAllReduce, kRegionAllReduce, kAllReduceFrame: the operation's identity within the job (see
+  // "Operation identity"): the generation kJoinJob agreed, and the comm's own step counter.
+  uint64_t generation = 0;
+  uint64_t sequence = 0;
+  uint64_t scope = 0;  // and kJoinJob: which of the job's comms (0 = a rank's one comm)
   // kTunnelConnect (tunnel_region, tunnel_shard, listen_id, timeout_ms), kTunnelAccept
   // (tunnel_id), kTunnelData (tag, data); kTunnelClose uses code and text.
   std::string tunnel_region;

@@ -228,7 +228,7 @@ class PolicyAgreement {
 // egress (net::LinkEstimates::goodput_bytes_per_s of its link to each peer). So the gateways
 // exchange their rates and each computes collective::BalancedShardWeights of the same matrix
 // (row i = gateway i's offer). The rule (see also gateway.h, "Shard weights"):
-//   - Rounds. A job's weights are agreed per round: operation number (world, epoch, sequence)
+//   - Rounds. A job's weights are agreed per round: operation (world 0, epoch = generation, sequence)
 //     of any tensor key uses round (world, epoch, sequence / kWeightsRoundOps). A gateway offers
 //     its current rates for a round once (the first one wins: a round's matrix never changes),
 //     when its first operation of the job reaches the round's middle of the round before (so it
@@ -258,7 +258,7 @@ inline constexpr uint64_t kWeightsRoundOps = 16;
 inline constexpr uint64_t kWeightsChangePercent = 25;
 
 struct WeightsRound {
-  uint64_t world = 0;  // OpNumbering's world and epoch
+  uint64_t world = 0;  // 0 (was the old numbering's world); epoch = the job's generation
   uint64_t epoch = 0;
   uint64_t round = 0;  // sequence / kWeightsRoundOps
   auto operator<=>(const WeightsRound&) const = default;

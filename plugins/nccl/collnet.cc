@@ -69,12 +69,13 @@ constexpr size_t kHandleChecksumOffset = 96;
 // ---- local protocol frames (lib/gateway/local_protocol.h) --------------------------------------
 
 constexpr uint32_t kLocalProtocolMagic = 0x504C5453;  // "STLP"
-constexpr uint16_t kLocalProtocolVersion = 1;
+constexpr uint16_t kLocalProtocolVersion = 2;
 enum : uint8_t {
   kHello = 1,
   kRegisterJob = 2,
   kTunnelListen = 5,
   kRegionAllReduce = 10,
+  kJoinJob = 12,
   kReply = 128,
 };
 constexpr uint32_t kMaxReplyBody = 256u << 20;  // the protocol's default frame cap
@@ -179,10 +180,34 @@ class GatewayConnection {
     return Status::Ok();
   }
 
+  // Joins the next generation of (job, scope) with the other regions' gateways (kJoinJob):
+  // the comm's operations are numbered within it.
+  StatusOr<uint64_t> JoinJob(const std::string& job, uint64_t scope, uint32_t timeout_ms,
+                             Deadline deadline) {
+    Body b(kJoinJob);
+    b.Str(job);
+    b.Le(scope, 8);
+    b.Le(timeout_ms, 4);
+    STRAIT_RETURN_IF_ERROR(Send(b.Frame(), nullptr, 0, deadline));
+    STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kJoinJob, nullptr, 0, deadline));
+    STRAIT_RETURN_IF_ERROR(r.status);
+    if (r.data.size() != 8 || GetLe(r.data.data(), 8) == 0) {
+      return DataLossError("straitd at " + path_ + " answered join-job without a generation");
+    }
+    return GetLe(r.data.data(), 8);
+  }
+
+  // The identity of one region all-reduce (local_protocol.h, "Operation identity").
+  struct Identity {
+    uint64_t generation = 0;
+    uint64_t sequence = 0;
+    uint64_t scope = 0;
+  };
+
   // One region all-reduce: `count` elements from `send` into `recv` (may be the same buffer).
   Status RegionAllReduce(const std::string& job, const std::string& key, DataType dtype,
                          ReduceOp op, const void* send, void* recv, size_t count,
-                         uint32_t timeout_ms, Deadline deadline) {
+                         uint32_t timeout_ms, const Identity& id, Deadline deadline) {
     const size_t bytes = count * DataTypeSize(dtype);
     Body b(kRegionAllReduce);
     b.Str(job);
@@ -191,6 +216,9 @@ class GatewayConnection {
     b.U8(static_cast<uint8_t>(op));
     b.Le(count, 8);
     b.Le(timeout_ms, 4);
+    b.Le(id.generation, 8);
+    b.Le(id.sequence, 8);
+    b.Le(id.scope, 8);
     STRAIT_RETURN_IF_ERROR(Send(b.Frame(bytes), send, bytes, deadline));
     STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kRegionAllReduce, recv, bytes, deadline));
     return r.status;
@@ -361,6 +389,7 @@ struct Slot {
   std::unique_ptr<GatewayConnection> conn;
   std::deque<Request*> queue;
   std::thread thread;
+  uint64_t pieces = 0;  // region all-reduces this slot ran (its part of the comm's sequence)
 };
 
 struct CollComm {
@@ -374,6 +403,11 @@ struct CollComm {
   bool closing = false;
   Status failure;  // the first failed operation's status: later ones fail with it
   uint64_t next_op = 0;
+  // The generation the comm joined and its scope (its comm id): every region all-reduce of the
+  // comm carries them, with sequence 0 for the connect barrier and 1 + k * kCollNetSlots + slot
+  // for a slot's k-th piece, the same on every node head since each slot runs the same requests.
+  uint64_t generation = 0;
+  uint64_t scope = 0;
   std::set<Request*> live;  // handed to NCCL and not yet released by test()
   Slot slots[kCollNetSlots];
 };
@@ -409,9 +443,12 @@ Status RunOperation(CollComm& comm, Slot& slot, int slot_index, Request& req) {
   size_t at = 0;
   while (at < req.count) {
     const size_t n = std::min(per_piece, req.count - at);
+    const GatewayConnection::Identity id{
+        comm.generation, 1 + slot.pieces++ * kCollNetSlots + static_cast<uint64_t>(slot_index),
+        comm.scope};
     Status s = slot.conn->RegionAllReduce(
         comm.job, key, req.dtype, req.op, static_cast<const uint8_t*>(req.send) + at * elem,
-        static_cast<uint8_t*>(req.recv) + at * elem, n, /*timeout_ms=*/0,
+        static_cast<uint8_t*>(req.recv) + at * elem, n, /*timeout_ms=*/0, id,
         Deadline::AfterSeconds(kOperationWatchdogSeconds));
     if (!s.ok()) {
       return s.WithContext("CollNet all-reduce #" + std::to_string(req.index) + " (" +
@@ -575,9 +612,16 @@ Status DoConnect(void* handles[], int nranks, int rank, void* listen_comm, void*
   int64_t probe[2] = {1, rank};
   const Deadline barrier_deadline =
       Deadline::After(timeout_ns + std::max<int64_t>(timeout_ns / 10, 500 * kNanosPerMs));
-  Status s = comm->slots[0].conn->RegionAllReduce(comm->job, "collnet/" + comm->id + "/connect",
-                                                  DataType::kInt64, ReduceOp::kSum, probe, probe, 2,
-                                                  timeout_ms, barrier_deadline);
+  comm->scope = group.comm_id != 0 ? group.comm_id : 1;
+  auto generation =
+      comm->slots[0].conn->JoinJob(comm->job, comm->scope, timeout_ms, barrier_deadline);
+  if (!generation.ok()) {
+    return generation.status().WithContext("CollNet connect (joining the job through straitd)");
+  }
+  comm->generation = *generation;
+  Status s = comm->slots[0].conn->RegionAllReduce(
+      comm->job, "collnet/" + comm->id + "/connect", DataType::kInt64, ReduceOp::kSum, probe,
+      probe, 2, timeout_ms, {comm->generation, 0, comm->scope}, barrier_deadline);
   if (!s.ok()) {
     return s.WithContext("CollNet connect (the node heads' barrier through straitd)");
   }

@@ -30,7 +30,7 @@
 //   24 u32 length   28 i32 tag
 // Every message sends at least one chunk (a zero-byte message sends one with length 0).
 //
-// Through a gateway tunnel (straitd's local protocol version 1, lib/gateway/local_protocol.h: a
+// Through a gateway tunnel (straitd's local protocol version 2, lib/gateway/local_protocol.h: a
 // frame is u32 body length + body, the body starts with a type byte) a chunk travels as one
 // kTunnelData frame: body = u8 8, u32 tag, then the same 32-byte chunk header and its payload
 // (kTunnelDataHead bytes precede the payload on the wire). So the receiver places tunnel chunks
@@ -116,7 +116,7 @@ ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]);
 
 // ---- straitd's local protocol (the frames the plugin needs; version 1) ----
 constexpr uint32_t kLocalMagic = 0x504C5453;  // "STLP"
-constexpr uint16_t kLocalVersion = 1;
+constexpr uint16_t kLocalVersion = 2;  // tunnels are the same as in version 1
 enum class LocalType : uint8_t {
   kHello = 1,
   kTunnelListen = 5,

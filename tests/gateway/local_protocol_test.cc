@@ -169,12 +169,13 @@ TEST(LocalProtocol, BadFieldsGiveDistinctErrors) {
 TEST(LocalProtocol, HelloChecksMagicAndVersion) {
   Message hello;
   hello.type = MessageType::kHello;
-  hello.version = 2;
+  hello.version = 1;  // a client from before operation identities: refused, saying both
   auto f = EncodeMessage(hello);
   ASSERT_TRUE(f.ok());
   auto m = DecodeMessage(Body(*f));
   EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(m.status().message().find("version 2 is not supported"), std::string::npos);
+  EXPECT_NE(m.status().message().find("version 1 is not supported"), std::string::npos);
+  EXPECT_NE(m.status().message().find("speaks version 2"), std::string::npos);
   hello.version = kLocalVersion;
   hello.magic = 0x12345678;
   f = EncodeMessage(hello);
@@ -551,6 +552,46 @@ TEST(LocalProtocol, AllReduceFrameRoundTripsAndRefusesOtherOps) {
   for (size_t n = 0; n < 1 + 7 + 14 + 1 + 4; ++n) {
     EXPECT_FALSE(DecodeMessage(std::span<const uint8_t>(whole).first(n)).ok()) << n;
   }
+}
+
+TEST(LocalProtocol, JoinAndOperationIdentityRoundTrip) {
+  Message join;
+  join.type = MessageType::kJoinJob;
+  join.job = "job-7";
+  join.scope = 99;
+  join.timeout_ms = 1234;
+  auto f = EncodeMessage(join);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto m = DecodeMessage(Body(*f));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->type, MessageType::kJoinJob);
+  EXPECT_EQ(m->job, "job-7");
+  EXPECT_EQ(m->scope, 99u);
+  EXPECT_EQ(m->timeout_ms, 1234u);
+
+  Message ar;
+  ar.type = MessageType::kAllReduce;
+  ar.job = "job-7";
+  ar.tensor_key = "w";
+  ar.count = 2;
+  ar.data.assign(8, 1);
+  ar.generation = 3;
+  ar.sequence = 17;
+  ar.scope = 5;
+  f = EncodeMessage(ar);
+  ASSERT_TRUE(f.ok()) << f.status();
+  m = DecodeMessage(Body(*f));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->generation, 3u);
+  EXPECT_EQ(m->sequence, 17u);
+  EXPECT_EQ(m->scope, 5u);
+  EXPECT_EQ(m->data.size(), 8u);
+  // A join cut short names the field it lacks.
+  std::vector<uint8_t> body = Body(EncodeMessage(join).value());
+  body.resize(body.size() - 6);
+  auto cut = DecodeMessage(body);
+  EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(cut.status().message().find("scope"), std::string::npos) << cut.status();
 }
 
 }  // namespace

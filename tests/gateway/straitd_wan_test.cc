@@ -23,7 +23,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -60,8 +62,11 @@ std::string Describe(const RankResult& r) {
 
 // An all-reduce request frame (EncodeMessage refuses bad ones; tests patch bytes for those).
 std::vector<uint8_t> AllReduceFrame(const std::string& job, const std::string& key, DataType dtype,
-                                    ReduceOp op, size_t count, const std::vector<uint8_t>& data) {
+                                    ReduceOp op, size_t count, const std::vector<uint8_t>& data,
+                                    uint64_t generation = 1, uint64_t sequence = 0) {
   Message m;
+  m.generation = generation;
+  m.sequence = sequence;
   m.type = MessageType::kAllReduce;
   m.job = job;
   m.tensor_key = key;
@@ -301,11 +306,38 @@ class StraitdWan : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int s = 0; s < kSlots; ++s) {
       threads.emplace_back([&, s] {
-        const auto frame =
-            AllReduceFrame(job, key, dtype, op, count, inputs[static_cast<size_t>(s / kRanks)]);
-        auto reply =
-            (*clients)[static_cast<size_t>(s)]->SendRawForTest(frame, Deadline::AfterSeconds(30));
+        Client& client = *(*clients)[static_cast<size_t>(s)];
         RankResult& r = results[static_cast<size_t>(s)];
+        // The rank's comm: it joins the job once (and again after a failed step), then numbers
+        // its steps (local_protocol.h, "Operation identity"), as gateway::Client does.
+        const auto session_key = std::make_pair(static_cast<const void*>(&client), job);
+        std::pair<uint64_t, uint64_t> session{0, 0};
+        {
+          std::lock_guard<std::mutex> lock(sessions_mu_);
+          if (auto it = sessions_.find(session_key); it != sessions_.end()) session = it->second;
+        }
+        if (session.first == 0) {
+          auto g = client.JoinJob(job, Deadline::AfterSeconds(20));
+          if (!g.ok()) {
+            r.code = g.status().code();
+            r.text = g.status().ToString();
+            return;
+          }
+          session = {*g, 0};
+        }
+        const auto frame = AllReduceFrame(job, key, dtype, op, count,
+                                          inputs[static_cast<size_t>(s / kRanks)], session.first,
+                                          session.second);
+        auto reply = client.SendRawForTest(frame, Deadline::AfterSeconds(30));
+        const bool ok = reply.ok() && reply->code == StatusCode::kOk;
+        {
+          std::lock_guard<std::mutex> lock(sessions_mu_);
+          if (ok) {
+            sessions_[session_key] = {session.first, session.second + 1};
+          } else {
+            sessions_.erase(session_key);
+          }
+        }
         if (!reply.ok()) {
           r.code = reply.status().code();
           r.text = reply.status().ToString();
@@ -337,6 +369,8 @@ class StraitdWan : public ::testing::Test {
   static testing::WanCluster* cluster_;
   static std::string* skip_;
   static std::string* error_;
+  std::mutex sessions_mu_;
+  std::map<std::pair<const void*, std::string>, std::pair<uint64_t, uint64_t>> sessions_;
   std::vector<std::unique_ptr<Client>> clients_;
 };
 

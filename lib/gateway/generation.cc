@@ -1,0 +1,269 @@
+// The gateways' agreement on generations and operation identities (see generation.h).
+#include "gateway/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/endian.h"
+#include "common/strings.h"
+
+namespace strait::gateway {
+namespace {
+
+constexpr size_t kHeaderBytes = 20;
+// Announcements kept per job: a peer's operations run at most a few steps ahead of ours.
+constexpr size_t kMaxAnnouncedSteps = 256;
+
+std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, uint64_t a,
+                            uint64_t b, const std::string& text = {}) {
+  const size_t j = std::min(job.size(), kMaxGenerationJobBytes);
+  const size_t t = std::min(text.size(), kMaxIdentityBytes);
+  std::vector<uint8_t> m(kHeaderBytes + j + t);
+  m[0] = kGenerationMessageVersion;
+  m[1] = static_cast<uint8_t>(kind);
+  PutU16(m.data() + 2, static_cast<uint16_t>(j));
+  PutU64(m.data() + 4, a);
+  PutU64(m.data() + 12, b);
+  std::memcpy(m.data() + kHeaderBytes, job.data(), j);
+  if (t > 0) std::memcpy(m.data() + kHeaderBytes + j, text.data(), t);
+  return m;
+}
+
+}  // namespace
+
+Generations::Generations(int rank, std::vector<std::string> names)
+    : rank_(rank), names_(std::move(names)) {}
+
+Generations::Job& Generations::JobLocked(const std::string& job) {
+  Job& j = jobs_[job];
+  if (j.peers.size() != names_.size()) j.peers.resize(names_.size());
+  return j;
+}
+
+std::pair<uint64_t, int> Generations::NewestLocked(const Job& j) const {
+  std::pair<uint64_t, int> newest{j.proposal, rank_};
+  for (size_t p = 0; p < j.peers.size(); ++p) {
+    if (static_cast<int>(p) == rank_) continue;
+    const uint64_t v = std::max(j.peers[p].proposal, j.peers[p].current);
+    if (v > newest.first) newest = {v, static_cast<int>(p)};
+  }
+  return newest;
+}
+
+std::string Generations::Describe(const std::string& job, uint64_t generation, uint64_t sequence,
+                                  const std::string& identity) const {
+  return "job \"" + job + "\" generation " + std::to_string(generation) + " step " +
+         std::to_string(sequence) + " (" + identity + ")";
+}
+
+void Generations::SupersededLocked(const std::string& job, uint64_t newer, int by,
+                                   std::vector<std::pair<uint64_t, Status>>* aborts) {
+  for (const auto& [op_id, op] : ops_) {
+    if (op.job != job || op.generation >= newer) continue;
+    const std::string who = by == rank_ ? "this region" : "region " + names_[static_cast<size_t>(by)];
+    aborts->emplace_back(
+        op_id, AbortedError(who + " joined generation " + std::to_string(newer) + " of job \"" +
+                            job + "\" (its ranks created a new comm, after a failure or a "
+                            "gateway restart); step " + std::to_string(op.sequence) +
+                            " of generation " + std::to_string(op.generation) +
+                            " can no longer complete: destroy this comm and create a new one on "
+                            "every rank"));
+  }
+}
+
+std::vector<uint8_t> Generations::BeginJoin(const std::string& job,
+                                            std::vector<std::pair<uint64_t, Status>>* aborts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job& j = JobLocked(job);
+  uint64_t proposal = std::max(j.proposal, j.current + 1);
+  for (size_t p = 0; p < j.peers.size(); ++p) {
+    if (static_cast<int>(p) == rank_) continue;
+    proposal = std::max({proposal, j.peers[p].proposal, j.peers[p].current + 1});
+  }
+  j.proposal = proposal;
+  SupersededLocked(job, proposal, rank_, aborts);
+  return Encode(GenerationMessageKind::kJoin, job, j.proposal, j.current);
+}
+
+StatusOr<uint64_t> Generations::AwaitJoin(const std::string& job, Deadline slice,
+                                          const std::function<bool()>& stop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    Job& j = JobLocked(job);
+    // A peer that proposes more wins: take its number (the caller resends ours).
+    j.proposal = std::max(j.proposal, NewestLocked(j).first);
+    bool all = true;
+    for (size_t p = 0; p < j.peers.size(); ++p) {
+      if (static_cast<int>(p) != rank_ && j.peers[p].proposal != j.proposal) all = false;
+    }
+    if (all) {
+      j.current = j.proposal;
+      // Announcements of older generations can never match an operation again.
+      std::erase_if(j.announced, [&](const auto& kv) { return kv.first.first < j.current; });
+      return j.current;
+    }
+    if (stop && stop()) return UnavailableError("the gateway is shutting down");
+    if (slice.Expired()) {
+      std::string missing;
+      for (size_t p = 0; p < j.peers.size(); ++p) {
+        if (static_cast<int>(p) != rank_ && j.peers[p].proposal != j.proposal) {
+          AppendToList(missing, names_[p] + " (at generation " +
+                                    std::to_string(j.peers[p].current) + ")");
+        }
+      }
+      return DeadlineExceededError("job \"" + job + "\": the gateways of " + missing +
+                                   " have not joined generation " + std::to_string(j.proposal) +
+                                   " yet: their ranks have not created their comm for this job "
+                                   "(every rank of every region must create it)");
+    }
+    cv_.wait_for(lock, std::chrono::nanoseconds(
+                           std::clamp<int64_t>(slice.RemainingNanos(), 1'000'000, 50'000'000)));
+  }
+}
+
+std::vector<int> Generations::Missing(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  auto it = jobs_.find(job);
+  for (size_t p = 0; p < names_.size(); ++p) {
+    if (static_cast<int>(p) == rank_) continue;
+    if (it == jobs_.end() || it->second.peers[p].proposal != it->second.proposal) {
+      out.push_back(static_cast<int>(p));
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> Generations::StateMessage(const std::string& job,
+                                               GenerationMessageKind kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  const uint64_t proposal = it == jobs_.end() ? 0 : it->second.proposal;
+  const uint64_t current = it == jobs_.end() ? 0 : it->second.current;
+  return Encode(kind, job, proposal, current);
+}
+
+uint64_t Generations::Current(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : it->second.current;
+}
+
+Status Generations::BeginOp(const std::string& job, uint64_t generation, uint64_t sequence,
+                            const std::string& identity, uint64_t op_id,
+                            std::vector<uint8_t>* announce) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job& j = JobLocked(job);
+  const std::string mine = Describe(job, generation, sequence, identity);
+  if (generation == 0 || generation > j.current) {
+    return FailedPreconditionError(
+        mine + ": this gateway never agreed generation " + std::to_string(generation) +
+        " (its current one is " + std::to_string(j.current) +
+        "; it restarted, or the comm did not join through it): destroy the comm and create a "
+        "new one on every rank");
+  }
+  if (auto [newest, by] = NewestLocked(j); newest > generation) {
+    const std::string who =
+        by == rank_ ? "this region" : "region " + names_[static_cast<size_t>(by)];
+    return AbortedError(mine + ": " + who + " joined generation " + std::to_string(newest) +
+                        " since (its ranks created a new comm after a failure or a restart): "
+                        "destroy this comm and create a new one on every rank");
+  }
+  if (auto a = j.announced.find({generation, sequence}); a != j.announced.end()) {
+    for (const auto& [peer, theirs] : a->second) {
+      if (theirs != identity) {
+        return FailedPreconditionError(
+            "regions disagree on " + Describe(job, generation, sequence, "") + ": this region (" +
+            names_[static_cast<size_t>(rank_)] + ") has " + identity + ", region " +
+            names_[static_cast<size_t>(peer)] + " has " + theirs +
+            "; every rank of every region must issue the same all-reduces in the same order");
+      }
+    }
+    j.announced.erase(a);
+  }
+  ops_[op_id] = Op{job, generation, sequence, identity, Status::Ok()};
+  *announce = Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, identity);
+  return Status::Ok();
+}
+
+Status Generations::EndOp(uint64_t op_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ops_.find(op_id);
+  if (it == ops_.end()) return Status::Ok();
+  Status mismatch = std::move(it->second.mismatch);
+  ops_.erase(it);
+  return mismatch;
+}
+
+StatusOr<Generations::Effects> Generations::OnMessage(int peer, std::span<const uint8_t> m) {
+  if (m.size() < kHeaderBytes) {
+    return DataLossError("generation message of " + std::to_string(m.size()) +
+                         " bytes is shorter than its " + std::to_string(kHeaderBytes) +
+                         "-byte header");
+  }
+  if (m[0] != kGenerationMessageVersion) {
+    return DataLossError("generation message version " + std::to_string(m[0]) +
+                         "; this gateway speaks version " +
+                         std::to_string(kGenerationMessageVersion) +
+                         " (upgrade every gateway of the shard together)");
+  }
+  const uint8_t kind = m[1];
+  if (kind < 1 || kind > 3) {
+    return DataLossError("unknown generation message kind " + std::to_string(kind));
+  }
+  const size_t job_len = GetU16(m.data() + 2);
+  if (job_len == 0 || job_len > kMaxGenerationJobBytes || kHeaderBytes + job_len > m.size()) {
+    return DataLossError("generation message job length " + std::to_string(job_len) +
+                         " does not fit its " + std::to_string(m.size()) + " bytes");
+  }
+  if (peer < 0 || static_cast<size_t>(peer) >= names_.size() || peer == rank_) {
+    return InvalidArgumentError("generation message from unknown rank " + std::to_string(peer));
+  }
+  const uint64_t a = GetU64(m.data() + 4);
+  const uint64_t b = GetU64(m.data() + 12);
+  const std::string job(reinterpret_cast<const char*>(m.data() + kHeaderBytes), job_len);
+  Effects effects;
+  std::lock_guard<std::mutex> lock(mu_);
+  Job& j = JobLocked(job);
+  const auto kindv = static_cast<GenerationMessageKind>(kind);
+  if (kindv == GenerationMessageKind::kAnnounce) {
+    if (m.size() - kHeaderBytes - job_len > kMaxIdentityBytes) {
+      return DataLossError("generation announcement identity longer than " +
+                           std::to_string(kMaxIdentityBytes) + " bytes");
+    }
+    const std::string theirs(reinterpret_cast<const char*>(m.data() + kHeaderBytes + job_len),
+                             m.size() - kHeaderBytes - job_len);
+    for (auto& [op_id, op] : ops_) {
+      if (op.job == job && op.generation == a && op.sequence == b && op.identity != theirs) {
+        Status why = FailedPreconditionError(
+            "regions disagree on " + Describe(job, a, b, "") + ": this region (" +
+            names_[static_cast<size_t>(rank_)] + ") has " + op.identity + ", region " +
+            names_[static_cast<size_t>(peer)] + " has " + theirs +
+            "; every rank of every region must issue the same all-reduces in the same order");
+        if (op.mismatch.ok()) op.mismatch = why;
+        effects.aborts.emplace_back(op_id, std::move(why));
+        return effects;
+      }
+      if (op.job == job && op.generation == a && op.sequence == b) return effects;  // matches
+    }
+    if (a >= j.current) {
+      j.announced[{a, b}][peer] = theirs;
+      while (j.announced.size() > kMaxAnnouncedSteps) j.announced.erase(j.announced.begin());
+    }
+    return effects;
+  }
+  PeerState& ps = j.peers[static_cast<size_t>(peer)];
+  ps.proposal = a;
+  ps.current = b;
+  if (const uint64_t newest = std::max(a, b); newest > j.current) {
+    SupersededLocked(job, newest, peer, &effects.aborts);
+  }
+  if (kindv == GenerationMessageKind::kJoin) {
+    effects.reply = Encode(GenerationMessageKind::kState, job, j.proposal, j.current);
+  }
+  cv_.notify_all();
+  return effects;
+}
+
+}  // namespace strait::gateway

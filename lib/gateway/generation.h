@@ -1,0 +1,156 @@
+// Internal to lib/gateway: how the gateways of one shard agree on the identity of every
+// all-reduce, by construction instead of by counting (the rule that replaced per-key op numbering
+// after gateway restarts were seen to pair one region's step k + 1 with the others' step k).
+//
+// Generations: every comm (a rank's strait_comm, the GPU backend's, a CollNet comm) joins its job
+// once, when it is created (local kJoinJob). Its gateway proposes a generation and the gateways
+// of every region exchange proposals on link channel kGenerationChannel until all of them propose
+// the same number g; each then answers its rank with g. Proposals only grow: a gateway proposes
+// max(its agreed generation + 1, every peer's last proposal, every peer's agreed generation + 1),
+// and raises its proposal whenever a peer proposes more, so a restarted gateway (which remembers
+// nothing) and the survivors meet at the survivors' next number. The comm numbers its own
+// operations 0, 1, 2, ... within g; an operation's identity is (job, g, sequence, tensor key,
+// dtype, op, count, ...), and its op id is a hash of all of it, so contributions of different
+// steps never meet.
+//
+// Failure is symmetric: a gateway that hears of a newer generation of a job (a peer's proposal,
+// i.e. some region's ranks created a new comm after a failure or a restart) aborts its own
+// operations of older generations at once (their abort reaches every region, so every rank fails
+// the same step), and refuses later requests of those generations: a held abort or a late message
+// of an old generation can never touch a step of the new one, because their identities differ.
+//
+// Announcements: when an operation starts, its gateway sends its identity text to every peer
+// (kind kAnnounce). A gateway whose own operation at the same (job, generation, sequence) has
+// another identity fails it with kFailedPrecondition naming both -- regions that disagree on what
+// step s is get a clear error, never a sum and never a silent wait for the deadline.
+//
+// Wire (channel kGenerationChannel, little-endian), version kGenerationMessageVersion = 1:
+//   off size field
+//     0    1 version
+//     1    1 kind: 1 = join (answer with your state), 2 = state (an answer; not answered),
+//                  3 = announce (explicit values, never renumbered)
+//     2    2 job length J (1..kMaxGenerationJobBytes)
+//     4    8 join/state: the sender's proposal; announce: the generation
+//    12    8 join/state: the sender's agreed generation; announce: the sequence
+//    20    J job
+//    20+J  . announce: the identity text (at most kMaxIdentityBytes)
+// A message of another version, an unknown kind or a bad length is refused with kDataLoss naming
+// the field (the caller logs it and drops the message).
+//
+// Thread-safe; never blocks except in AwaitJoin.
+#ifndef STRAIT_LIB_GATEWAY_GENERATION_H_
+#define STRAIT_LIB_GATEWAY_GENERATION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "strait/status.h"
+
+namespace strait::gateway {
+
+// Below the collective lanes (16..31), apart from the policy channel (8).
+inline constexpr uint32_t kGenerationChannel = 9;
+inline constexpr uint8_t kGenerationMessageVersion = 1;
+inline constexpr size_t kMaxGenerationJobBytes = 1024;
+inline constexpr size_t kMaxIdentityBytes = 1024;
+
+enum class GenerationMessageKind : uint8_t {
+  kJoin = 1,
+  kState = 2,
+  kAnnounce = 3,
+};
+
+class Generations {
+ public:
+  // `rank` is this gateway's index among `names` (every region's gateway of the shard, in rank
+  // order; names appear in errors).
+  Generations(int rank, std::vector<std::string> names);
+
+  // ---- Joining (local kJoinJob) ----
+  // Starts (or continues) this gateway's join of `job`: fixes its proposal by the rule above and
+  // returns the kJoin message to send to every peer. Operations of `job` in flight here with an
+  // older generation are to be aborted: their op ids and the reason are appended to `aborts`.
+  std::vector<uint8_t> BeginJoin(const std::string& job,
+                                 std::vector<std::pair<uint64_t, Status>>* aborts);
+  // Waits until every peer's last proposal equals this gateway's (the join is then agreed: the
+  // generation becomes the job's current one) or `slice` passes (kDeadlineExceeded naming the
+  // regions not there yet) or `stop` returns true (kUnavailable). Call again after resending
+  // JoinMessage to Missing() peers.
+  StatusOr<uint64_t> AwaitJoin(const std::string& job, Deadline slice,
+                               const std::function<bool()>& stop);
+  // Peers whose last proposal differs from this gateway's (the ones to send JoinMessage again).
+  std::vector<int> Missing(const std::string& job) const;
+  // This gateway's state for `job` as a kJoin (want a reply) or kState message.
+  std::vector<uint8_t> StateMessage(const std::string& job, GenerationMessageKind kind) const;
+  // The job's agreed generation here (0 = never joined).
+  uint64_t Current(const std::string& job) const;
+
+  // ---- Operations ----
+  // An operation of (job, generation, sequence) with `identity` (a readable text of everything
+  // that must match) starts here under `op_id`. Refuses (nothing registered) a generation this
+  // gateway never agreed (kFailedPrecondition) or one a newer generation replaced (kAborted), and
+  // an identity a peer announced differently (kFailedPrecondition naming both). On success
+  // `*announce` is the kAnnounce message for every peer; call EndOp(op_id) when it ends.
+  Status BeginOp(const std::string& job, uint64_t generation, uint64_t sequence,
+                 const std::string& identity, uint64_t op_id, std::vector<uint8_t>* announce);
+  // Unregisters the operation; returns the mismatch a peer's announcement revealed while it ran
+  // (OK if none): that, not the abort it caused, is the operation's error.
+  Status EndOp(uint64_t op_id);
+
+  // ---- Messages from peers (a link's I/O thread) ----
+  struct Effects {
+    std::optional<std::vector<uint8_t>> reply;           // send to the peer
+    std::vector<std::pair<uint64_t, Status>> aborts;     // op ids to abort (transport), and why
+  };
+  StatusOr<Effects> OnMessage(int peer, std::span<const uint8_t> message);
+
+ private:
+  struct PeerState {
+    uint64_t proposal = 0;
+    uint64_t current = 0;
+  };
+  struct Job {
+    uint64_t current = 0;   // agreed generation (0 = none yet)
+    uint64_t proposal = 0;  // >= current; > current while a join is pending
+    std::vector<PeerState> peers;
+    // (generation, sequence) -> peer -> identity text, of announcements not yet matched; a few
+    // hundred kept (older ones dropped first).
+    std::map<std::pair<uint64_t, uint64_t>, std::map<int, std::string>> announced;
+  };
+  struct Op {
+    std::string job;
+    uint64_t generation = 0;
+    uint64_t sequence = 0;
+    std::string identity;
+    Status mismatch;
+  };
+
+  Job& JobLocked(const std::string& job);
+  // The highest generation any region proposed or agreed for `j`, and who (for errors).
+  std::pair<uint64_t, int> NewestLocked(const Job& j) const;
+  void SupersededLocked(const std::string& job, uint64_t newer, int by,
+                        std::vector<std::pair<uint64_t, Status>>* aborts);
+  std::string Describe(const std::string& job, uint64_t generation, uint64_t sequence,
+                       const std::string& identity) const;
+
+  const int rank_;
+  const std::vector<std::string> names_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Job> jobs_;
+  std::map<uint64_t, Op> ops_;  // in flight, by op id
+};
+
+}  // namespace strait::gateway
+
+#endif  // STRAIT_LIB_GATEWAY_GENERATION_H_
