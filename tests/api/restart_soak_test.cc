@@ -46,10 +46,10 @@ namespace strait::api {
 namespace {
 
 constexpr int kRegions = 3;
-constexpr int kTimeoutMs = 10000;     // the comms' timeout_ms: every call ends within it
-constexpr char kDeadline[] = "8s";    // straitd's allreduce.deadline, below the comms' timeout
-constexpr int kKillGapMs = 2000;      // SIGKILL, then the restart 2 s later (the measured bug)
-constexpr int kWarmSteps = 2;         // ok steps per rank before the first fault
+constexpr int kTimeoutMs = 10000;   // the comms' timeout_ms: every call ends within it
+constexpr char kDeadline[] = "8s";  // straitd's allreduce.deadline, below the comms' timeout
+constexpr int kKillGapMs = 2000;    // SIGKILL, then the restart 2 s later (the measured bug)
+constexpr int kWarmSteps = 2;       // ok steps per rank before the first fault
 // The goal is 5 s from the restart to every rank's first good step. What that time holds: the
 // new straitd's start (TLS context, listen: ~0.1 s release, ~0.5 s ASan), the survivors learning
 // of its new incarnation and failing their step, every rank re-creating its comm, and one 4 MiB
@@ -75,7 +75,9 @@ int64_t NowMs() {
       .count();
 }
 
-void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+void SleepMs(int64_t ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
@@ -167,16 +169,15 @@ class LoopbackDaemons : public Daemons {
       std::string c = "region = \"" + name + "\"\nshard_index = 0\n";
       c += "[local]\nsocket = \"" + d->Socket(r) + "\"\nallowed_uids = [" +
            std::to_string(::getuid()) + "]\n";
-      c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(ports[static_cast<size_t>(r)]) +
-           "\"\n";
+      c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(ports[static_cast<size_t>(r)]) + "\"\n";
       auto files = d->pki_->MakeGateway("soak-ca", name, name);
       if (!files.ok()) return files.status();
       c += "[tls]\nca = \"" + files->ca + "\"\ncert = \"" + files->cert + "\"\nkey = \"" +
            files->key + "\"\n";
       for (int p = 0; p < kRegions; ++p) {
         if (p == r) continue;
-        c += "[peers.r" + std::to_string(p) + "]\nshard_0 = \"127.0.0.1:" +
-             std::to_string(ports[static_cast<size_t>(p)]) + "\"\n";
+        c += "[peers.r" + std::to_string(p) +
+             "]\nshard_0 = \"127.0.0.1:" + std::to_string(ports[static_cast<size_t>(p)]) + "\"\n";
       }
       // As WanCluster writes them, so that both modes test the same daemon settings.
       c += "[link]\nstreams = 2\nunreachable_after = \"10s\"\n";
@@ -324,11 +325,27 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
 
   for (int r = 0; r < kRegions; ++r) {
     std::vector<std::string> argv = d.RankPrefix(r);
-    const std::vector<std::string> args = {
-        SOAK_RANK_PATH, "--region", std::to_string(r), "--regions", std::to_string(kRegions),
-        "--gateway", d.Socket(r), "--job", job, "--compression", "none",
-        "--timeout-ms", std::to_string(kTimeoutMs), "--duration-s", "150",
-        "--stop-file", stop_file, "--recovery-deadline-s", "40", "--out", Prefix(r)};
+    const std::vector<std::string> args = {SOAK_RANK_PATH,
+                                           "--region",
+                                           std::to_string(r),
+                                           "--regions",
+                                           std::to_string(kRegions),
+                                           "--gateway",
+                                           d.Socket(r),
+                                           "--job",
+                                           job,
+                                           "--compression",
+                                           "none",
+                                           "--timeout-ms",
+                                           std::to_string(kTimeoutMs),
+                                           "--duration-s",
+                                           "150",
+                                           "--stop-file",
+                                           stop_file,
+                                           "--recovery-deadline-s",
+                                           "40",
+                                           "--out",
+                                           Prefix(r)};
     argv.insert(argv.end(), args.begin(), args.end());
     test::SpawnOptions o;
     o.stdout_path = Prefix(r) + ".stderr";
@@ -376,8 +393,8 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
     const int64_t until = f.restart_ms + kRecoveryBoundMs + 5000;
     for (;;) {
       f.recovered_ms = FirstOkAfter(f.restart_ms);
-      const bool all =
-          std::all_of(f.recovered_ms.begin(), f.recovered_ms.end(), [](int64_t t) { return t > 0; });
+      const bool all = std::all_of(f.recovered_ms.begin(), f.recovered_ms.end(),
+                                   [](int64_t t) { return t > 0; });
       if (all || NowMs() > until) break;
       SleepMs(100);
     }
@@ -404,8 +421,8 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
          !std::all_of(exited.begin(), exited.end(), [](bool e) { return e; })) {
     for (int r = 0; r < kRegions; ++r) {
       int code = -1;
-      if (!exited[static_cast<size_t>(r)] && test::ProcessEnded(ranks_[static_cast<size_t>(r)],
-                                                                &code)) {
+      if (!exited[static_cast<size_t>(r)] &&
+          test::ProcessEnded(ranks_[static_cast<size_t>(r)], &code)) {
         exited[static_cast<size_t>(r)] = true;
         codes[static_cast<size_t>(r)] = code;
       }
@@ -422,11 +439,12 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
     wrong += num("wrong");
     mixed += num("mixed");
     hangs += hung ? 1 : 0;
-    std::printf("restart_soak: r%d: %lld calls, %lld ok, %lld failed, %lld wrong, %lld mixed, "
-                "%lld comm creations (%lld failed), exit %s, code %d%s\n",
-                r, num("calls"), num("ok"), num("failed"), num("wrong"), num("mixed"),
-                num("inits"), num("init_failures"), sum.count("exit") ? sum["exit"].c_str() : "?",
-                codes[static_cast<size_t>(r)], hung ? ", HUNG" : "");
+    std::printf(
+        "restart_soak: r%d: %lld calls, %lld ok, %lld failed, %lld wrong, %lld mixed, "
+        "%lld comm creations (%lld failed), exit %s, code %d%s\n",
+        r, num("calls"), num("ok"), num("failed"), num("wrong"), num("mixed"), num("inits"),
+        num("init_failures"), sum.count("exit") ? sum["exit"].c_str() : "?",
+        codes[static_cast<size_t>(r)], hung ? ", HUNG" : "");
     // The first few bad results and errors, quoted: what a reader of a CI failure needs.
     int quoted = 0;
     for (const Step& s : ReadSteps(Prefix(r) + ".log")) {
@@ -443,10 +461,11 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
       per += " r" + std::to_string(r) + "=" +
              (t > 0 ? std::to_string(t - f.restart_ms) + "ms" : std::string("none"));
     }
-    std::printf("restart_soak: r%d killed, restarted 2 s later (ready in %lld ms); first good "
-                "step after the restart:%s (bound %lld ms)\n",
-                f.region, static_cast<long long>(f.ready_ms - f.restart_ms), per.c_str(),
-                static_cast<long long>(kRecoveryBoundMs));
+    std::printf(
+        "restart_soak: r%d killed, restarted 2 s later (ready in %lld ms); first good "
+        "step after the restart:%s (bound %lld ms)\n",
+        f.region, static_cast<long long>(f.ready_ms - f.restart_ms), per.c_str(),
+        static_cast<long long>(kRecoveryBoundMs));
   }
 
   EXPECT_EQ(mixed, 0) << "results that summed steps of different regions (op_MIXED)";

@@ -32,7 +32,8 @@
 // Writes PREFIX.log (one line per comm creation and per step, see WriteStep/WriteInit) and, at
 // exit, PREFIX.summary ("key value" lines). --stop-file: when the file exists the rank stops
 // before the step number written in it (or at once when it holds no number), so that every rank
-// of a job can be told to stop after the same step.
+// of a job can be told to stop after the same step; once it exists, a rank whose call failed, or
+// that cannot create a comm, stops too instead of re-creating (its peers may be gone).
 // Exit codes: 0 no wrong, mixed or hang (failed calls are allowed: the caller judges them);
 // 1 a wrong or mixed result; 2 bad usage; 4 the watchdog fired; 5 no comm could be created
 // again within --recovery-deadline-s.
@@ -47,6 +48,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -106,32 +108,40 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     }
     kv[a.substr(2)] = argv[++i];
   }
+  // One setter per flag: the flag names are the whole interface, in one place.
+  const auto i32 = [](int* f) { return [f](const std::string& v) { *f = std::stoi(v); }; };
+  const auto f64 = [](double* f) { return [f](const std::string& v) { *f = std::stod(v); }; };
+  const auto str = [](std::string* f) { return [f](const std::string& v) { *f = v; }; };
+  const std::map<std::string, std::function<void(const std::string&)>> setters = {
+      {"region", i32(&o->region)},
+      {"regions", i32(&o->regions)},
+      {"rank", i32(&o->rank)},
+      {"nranks", i32(&o->nranks)},
+      {"region-name", str(&o->region_name)},
+      {"root", str(&o->root)},
+      {"gateway", str(&o->gateway)},
+      {"job", str(&o->job)},
+      {"compression", str(&o->compression)},
+      {"key", str(&o->key)},
+      {"out", str(&o->out)},
+      {"stop-file", str(&o->stop_file)},
+      {"count", [o](const std::string& v) { o->count = std::stoull(v); }},
+      {"timeout-ms", i32(&o->timeout_ms)},
+      {"duration-s", f64(&o->duration_s)},
+      {"steps", [o](const std::string& v) { o->steps = std::stoll(v); }},
+      {"recovery-deadline-s", f64(&o->recovery_deadline_s)},
+      {"lossy-tol", f64(&o->lossy_tol)},
+      {"hang-grace-s", f64(&o->hang_grace_s)},
+      {"watchdog-s", f64(&o->watchdog_s)},
+  };
   try {
     for (const auto& [k, v] : kv) {
-      if (k == "region") o->region = std::stoi(v);
-      else if (k == "regions") o->regions = std::stoi(v);
-      else if (k == "rank") o->rank = std::stoi(v);
-      else if (k == "nranks") o->nranks = std::stoi(v);
-      else if (k == "region-name") o->region_name = v;
-      else if (k == "root") o->root = v;
-      else if (k == "gateway") o->gateway = v;
-      else if (k == "job") o->job = v;
-      else if (k == "compression") o->compression = v;
-      else if (k == "key") o->key = v;
-      else if (k == "out") o->out = v;
-      else if (k == "stop-file") o->stop_file = v;
-      else if (k == "count") o->count = std::stoull(v);
-      else if (k == "timeout-ms") o->timeout_ms = std::stoi(v);
-      else if (k == "duration-s") o->duration_s = std::stod(v);
-      else if (k == "steps") o->steps = std::stoll(v);
-      else if (k == "recovery-deadline-s") o->recovery_deadline_s = std::stod(v);
-      else if (k == "lossy-tol") o->lossy_tol = std::stod(v);
-      else if (k == "hang-grace-s") o->hang_grace_s = std::stod(v);
-      else if (k == "watchdog-s") o->watchdog_s = std::stod(v);
-      else {
+      const auto it = setters.find(k);
+      if (it == setters.end()) {
         std::fprintf(stderr, "soak_rank: unknown flag --%s\n", k.c_str());
         return false;
       }
+      it->second(v);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "soak_rank: bad number: %s\n", e.what());
@@ -187,21 +197,19 @@ class Output {
     summary_written_ = true;
     std::FILE* f = std::fopen((o_.out + ".summary.tmp").c_str(), "w");
     if (f == nullptr) return;
-    std::fprintf(f,
-                 "region %s\nrank %d\nnranks %d\nregions %d\ncompression %s\ncount %zu\n"
-                 "calls %lld\nok %lld\nfailed %lld\nwrong %lld\nmixed %lld\nhangs %lld\n"
-                 "inits %lld\ninit_failures %lld\nlast_step %lld\nlast_ok_step %lld\n"
-                 "start_ms %lld\nend_ms %lld\nexit %s\n",
-                 o_.region_name.c_str(), o_.rank, o_.nranks, o_.regions, o_.compression.c_str(),
-                 o_.count, static_cast<long long>(c.calls.load()),
-                 static_cast<long long>(c.ok.load()), static_cast<long long>(c.failed.load()),
-                 static_cast<long long>(c.wrong.load()), static_cast<long long>(c.mixed.load()),
-                 static_cast<long long>(c.hangs.load()), static_cast<long long>(c.inits.load()),
-                 static_cast<long long>(c.init_failures.load()),
-                 static_cast<long long>(c.last_step.load()),
-                 static_cast<long long>(c.last_ok_step.load()),
-                 static_cast<long long>(start_ms_), static_cast<long long>(NowMs()),
-                 exit_reason.c_str());
+    std::fprintf(
+        f,
+        "region %s\nrank %d\nnranks %d\nregions %d\ncompression %s\ncount %zu\n"
+        "calls %lld\nok %lld\nfailed %lld\nwrong %lld\nmixed %lld\nhangs %lld\n"
+        "inits %lld\ninit_failures %lld\nlast_step %lld\nlast_ok_step %lld\n"
+        "start_ms %lld\nend_ms %lld\nexit %s\n",
+        o_.region_name.c_str(), o_.rank, o_.nranks, o_.regions, o_.compression.c_str(), o_.count,
+        static_cast<long long>(c.calls.load()), static_cast<long long>(c.ok.load()),
+        static_cast<long long>(c.failed.load()), static_cast<long long>(c.wrong.load()),
+        static_cast<long long>(c.mixed.load()), static_cast<long long>(c.hangs.load()),
+        static_cast<long long>(c.inits.load()), static_cast<long long>(c.init_failures.load()),
+        static_cast<long long>(c.last_step.load()), static_cast<long long>(c.last_ok_step.load()),
+        static_cast<long long>(start_ms_), static_cast<long long>(NowMs()), exit_reason.c_str());
     std::fclose(f);
     // Renamed into place: a reader never sees half a summary.
     std::rename((o_.out + ".summary.tmp").c_str(), (o_.out + ".summary").c_str());
@@ -315,8 +323,8 @@ int main(int argc, char** argv) {
       std::string why;
       if (in_call != 0 && now - in_call > hang_ms) {
         why = "a call (step " + std::to_string(c.call_step.load()) +
-              ", 0 = comm creation, -1 = destroy) " +
-              "still running " + std::to_string(now - in_call) + " ms after it started (timeout " +
+              ", 0 = comm creation, -1 = destroy) " + "still running " +
+              std::to_string(now - in_call) + " ms after it started (timeout " +
               std::to_string(o.timeout_ms) + " ms)";
       } else if (now > budget_end) {
         why = "the run is still going after the watchdog's " + std::to_string(o.watchdog_s) + " s";
@@ -362,6 +370,8 @@ int main(int argc, char** argv) {
       out.Line("init " + std::to_string(t0) + " " + std::to_string(t1) + " failed " +
                CodeOf(comm.status()) + " " + OneLine(std::string(comm.status().message())));
       if (t1 >= give_up) return std::nullopt;
+      // Told to stop: the other ranks may be gone already, so a comm may never come up again.
+      if (StopStep(o.stop_file)) return std::nullopt;
       // Not a spin against a daemon that is still starting: a fifth of a second between tries.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -411,18 +421,17 @@ int main(int argc, char** argv) {
       c.failed.fetch_add(1);
       detail = CodeOf(s) + " " + OneLine(std::string(s.message()));
     } else {
-      const bool label_ok = o.lossy ? std::fabs(data[0] - want_label) <= 0.5f
-                                    : data[0] == want_label;
+      const bool label_ok =
+          o.lossy ? std::fabs(data[0] - want_label) <= 0.5f : data[0] == want_label;
       // The rest against the reference: the first element off says where and by how much.
       size_t bad = 0;
       size_t first_bad = 0;
       for (size_t i = 0; i < o.count; ++i) {
-        const float want =
-            i < kLabelCount
-                ? want_label
-                : ref[static_cast<size_t>((static_cast<int64_t>(i % kModulus) * 7 +
-                                           (step % kModulus) * 29) %
-                                          kModulus)];
+        const float want = i < kLabelCount
+                               ? want_label
+                               : ref[static_cast<size_t>((static_cast<int64_t>(i % kModulus) * 7 +
+                                                          (step % kModulus) * 29) %
+                                                         kModulus)];
         const bool same = o.lossy ? std::fabs(data[i] - want) <= o.lossy_tol : data[i] == want;
         if (!same && bad++ == 0) first_bad = i;
       }
@@ -439,9 +448,10 @@ int main(int argc, char** argv) {
       }
       if (cls != "ok") {
         char buf[200];
-        std::snprintf(buf, sizeof(buf), "SUCCESS label_sum=%.3f (want %lld), %zu elements off, "
-                      "first [%zu]", data[0], static_cast<long long>(total_ranks * step), bad,
-                      first_bad);
+        std::snprintf(buf, sizeof(buf),
+                      "SUCCESS label_sum=%.3f (want %lld), %zu elements off, "
+                      "first [%zu]",
+                      data[0], static_cast<long long>(total_ranks * step), bad, first_bad);
         detail = buf;
         std::fprintf(stderr, "soak_rank %s/%d: op_%s step=%lld label_sum=%g (want %lld)\n",
                      o.region_name.c_str(), o.rank, cls == "mixed" ? "MIXED" : "WRONG",
@@ -466,8 +476,15 @@ int main(int argc, char** argv) {
       const strait::Status d = comm->Destroy();
       c.call_start_ms.store(0);
       if (!d.ok()) out.Line("destroy " + std::to_string(NowMs()) + " " + OneLine(d.ToString()));
+      // Told to stop: no new comm (the others may have stopped after this step already).
+      if (StopStep(o.stop_file)) {
+        exit_reason = "stop_file";
+        break;
+      }
       comm = create();
-      if (!comm) {
+      if (!comm && StopStep(o.stop_file)) {
+        exit_reason = "stop_file";
+      } else if (!comm) {
         exit_reason = "no_comm";
         rc = 5;
       }
