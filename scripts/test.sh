@@ -9,6 +9,14 @@ start=$(date +%s)
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j"$(nproc)"
 ctest --preset ci -j"$(nproc)"
+# The Python package (python/: ctypes wrapper, DDP hook, `strait` backend) against this build's
+# libstrait.so and straitd, with real straitd processes on loopback. The library carries ASan and
+# UBSan, whose runtime must be the first library of the process: preload clang's (python3 itself
+# is not instrumented; its and torch's leaks at exit are not ours to report).
+ASAN_RT=$(clang -print-file-name=libclang_rt.asan-x86_64.so)
+STRAIT_LIBRARY=$PWD/build/ci/lib/api/libstrait.so STRAITD=$PWD/build/ci/tools/straitd/straitd \
+  LD_PRELOAD=$ASAN_RT ASAN_OPTIONS=detect_leaks=0 \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
 # The GPU code (lib/cuda kernels, their tests and benchmark, the NCCL end-to-end program) is not in
 # the ci preset (clang with sanitizers is no host compiler for nvcc). Where nvcc is installed, build
 # it with the `cuda` preset so CI catches code that no longer compiles, and run the `gpu` tests:

@@ -42,6 +42,10 @@ def parse():
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds: Strait's deadline and the process groups' timeout")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--wan-dev", metavar="IFACE",
+                   help="count the bytes this region sends on IFACE (e.g. strait-wanem's wan0) "
+                        "over the timed steps after the first 5, read by each region's local "
+                        "rank 0 from /proc/net/dev; reported as WAN bytes per step")
     p.add_argument("--log", help="rank 0 writes the run (per-step loss, times, accuracy) here")
     p.add_argument("--quiet", action="store_true", help="print only every 50th step")
     p.add_argument("--plot", metavar="OUT_PNG",
@@ -84,6 +88,19 @@ def data(seed, input_dim):
     return train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
 
 
+def tx_bytes(dev):
+    """Bytes sent on network interface `dev` in this process's network namespace."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == dev:
+                return int(counters.split()[8])
+    raise RuntimeError(f"no network interface {dev!r} in /proc/net/dev")
+
+
+STATE = None  # the hook's state, for the error report
+
+
 def train(args):
     import numpy as np
     import torch
@@ -117,13 +134,20 @@ def train(args):
                                      region=os.environ.get("STRAIT_REGION", f"r{region}"),
                                      compression=args.compression, timeout=args.timeout)
         ddp.register_comm_hook(state, st.hierarchical_hook)
+        global STATE
+        STATE = state
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr).long()
     gen = np.random.default_rng(args.seed)  # the same on every rank: each takes its slice
     global_batch = args.batch * world
     steps, times = [], []
+    warm = min(5, args.steps - 1)
+    wan_start = None
     for step in range(args.steps):
+        if args.wan_dev and step == warm:
+            dist.barrier()
+            wan_start = tx_bytes(args.wan_dev) if local_rank == 0 else 0
         idx = gen.choice(len(xtr), size=global_batch, replace=False)
         mine = torch.from_numpy(idx[rank * args.batch:(rank + 1) * args.batch])
         t0 = time.monotonic()
@@ -141,6 +165,13 @@ def train(args):
         if rank == 0 and (not args.quiet or step % 50 == 0 or step == args.steps - 1):
             print(f"step {step:4d}  loss {lv:.4f}  step {1000 * dt:7.1f} ms", flush=True)
 
+    wan_per_step = None
+    if args.wan_dev:
+        dist.barrier()
+        mine = tx_bytes(args.wan_dev) - wan_start if local_rank == 0 else 0
+        sent = [None] * world
+        dist.all_gather_object(sent, mine)
+        wan_per_step = sum(sent) / max(1, args.steps - warm)
     with torch.no_grad():
         pred = model(torch.from_numpy(xte)).argmax(1).numpy()
     acc = float((pred == yte).mean())
@@ -151,9 +182,10 @@ def train(args):
     dist.all_gather_object(hashes, h.hexdigest())
     identical = len(set(hashes)) == 1
     # Skip the first steps (DDP rebuilds its buckets after step 0; the codecs warm up).
-    steady = times[min(5, len(times) - 1):]
+    steady = times[warm:]
     step_time = sorted(steady)[len(steady) // 2]
     wan = state.wan_elements if state is not None else 0
+    stages = dict(state.seconds) if state is not None else {}
     if state is not None:
         state.close()
     if rank == 0:
@@ -162,12 +194,17 @@ def train(args):
               f"{nparams} parameters, median step {1000 * step_time:.1f} ms, test accuracy "
               f"{100 * acc:.2f}%, parameters identical on every rank: "
               f"{'yes' if identical else 'NO'}", flush=True)
+        if stages:
+            per = {k: 1000 * v / args.steps for k, v in stages.items()}
+            print("  hook stages per step (rank 0, ms): " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in per.items()), flush=True)
         if args.log:
             with open(args.log, "w") as f:
                 json.dump({"label": label, "hook": args.hook, "compression": args.compression,
                            "world": world, "regions": world // per_region, "params": nparams,
                            "step_time_s": step_time, "accuracy": acc, "hashes": hashes,
                            "identical": identical, "wan_elements_rank0": wan,
+                           "wan_bytes_per_step": wan_per_step, "hook_seconds_rank0": stages,
                            "setup_s": t_setup, "steps": steps}, f)
     if not identical:
         raise RuntimeError(f"parameters differ between ranks: {hashes}")
@@ -184,9 +221,13 @@ def main():
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 -- one line, then out without waiting for peers
-        print(f"train_ddp: error: rank {os.environ.get('RANK')}: {type(e).__name__}: {e}",
-              file=sys.stderr, flush=True)
+        # DDP re-raises a hook's failure as a RuntimeError; the hook kept the StraitError.
+        if STATE is not None and STATE.error is not None:
+            e = STATE.error
+        text = " ".join(f"{type(e).__name__}: {e}".split())
         sys.stdout.flush()
+        # One write: ranks share the terminal, and their lines must not interleave.
+        os.write(2, f"train_ddp: error: rank {os.environ.get('RANK')}: {text}\n".encode())
         os._exit(1)
     sys.stdout.flush()
     # Exit without tearing down the process groups: a peer may already be gone.

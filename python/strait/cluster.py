@@ -129,9 +129,13 @@ class Gateways:
         with open(base + ".toml", "w") as f:
             f.write(self.config(r, i))
         log = open(base + ".log", "w")
+        # Not the caller's LD_PRELOAD: scripts/test.sh preloads the ASan runtime into python3
+        # for an ASan-built libstrait.so, and an ASan-built straitd has its own (static) copy.
+        env = dict(self.env if self.env is not None else os.environ)
+        env.pop("LD_PRELOAD", None)
         self.procs[(r, i)] = subprocess.Popen(
             self.prefix(r) + [self.straitd, "--config", base + ".toml"], stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         log.close()
 
     def wait_ready(self, r, i, timeout=30.0):

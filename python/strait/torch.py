@@ -22,14 +22,16 @@
 #   model = DDP(model); model.register_comm_hook(state, st.hierarchical_hook)
 #   ...; state.close()
 #
-# Failures (the gateway unreachable or its deadline passed, another rank dead, a mismatched
-# policy) fail the bucket's future with strait.StraitError (or the region group's own error),
-# which DDP raises from backward(); the state then stays failed. Give the process groups a
+# Failures (the gateway unreachable or its deadline passed, another rank dead, a region that
+# disagrees) fail the bucket's future with a strait.StraitError (the region group's own errors
+# are wrapped in one, code ERROR_ABORTED); DDP raises it from backward() as a RuntimeError whose
+# message names it, and state.error holds the StraitError itself; the state then stays failed. Give the process groups a
 # timeout no longer than the Strait deadline so that a rank waiting for a dead peer inside the
 # region fails in time too.
 import datetime
 import queue
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -85,6 +87,8 @@ class HierarchicalState:
                          compression=compression, timeout=timeout)
         self.steps = 0          # buckets all-reduced
         self.wan_elements = 0   # elements this rank sent across regions (before compression)
+        # Seconds the worker spent in each stage, summed over buckets (for benchmarks).
+        self.seconds = {"region_reduce": 0.0, "cross_region": 0.0, "region_gather": 0.0}
         self._failed = None
         self._queue = queue.Queue()
         self._closed = False
@@ -110,6 +114,11 @@ class HierarchicalState:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    @property
+    def error(self):
+        """The StraitError that failed the hook (None while it works)."""
+        return self._failed
 
     def submit(self, buf, index):
         """Queues one bucket (a flat tensor) and returns the Future of its reduced values."""
@@ -155,6 +164,7 @@ class HierarchicalState:
 
     def _reduce(self, buf, index):
         n, m, r, g = buf.numel(), self.region_size, self.region_rank, self.region_group
+        t0 = time.monotonic()
         s = (n + m - 1) // m
         flat = buf if s * m == n else torch.cat([buf, buf.new_zeros(s * m - n)])
         # 1. Inside the region: this rank ends with the region's sum of shard r.
@@ -168,6 +178,7 @@ class HierarchicalState:
             dist.all_reduce(flat, group=g)
             shard = flat[r * s:(r + 1) * s]
         # 2. Across the regions, through this rank's straitd.
+        t1 = time.monotonic()
         host = shard if shard.device.type == "cpu" else shard.to("cpu")
         if not host.is_contiguous():
             host = host.contiguous()
@@ -175,6 +186,7 @@ class HierarchicalState:
         self.steps += 1
         self.wan_elements += host.numel()
         # 3. The average, back into the region.
+        t2 = time.monotonic()
         host.div_(self.world_size)
         if host is not shard:
             shard.copy_(host, non_blocking=False)
@@ -190,11 +202,22 @@ class HierarchicalState:
                                 else shard, group=g)
         if flat.data_ptr() != buf.data_ptr():
             buf.copy_(flat[:n])
+        t3 = time.monotonic()
+        self.seconds["region_reduce"] += t1 - t0
+        self.seconds["cross_region"] += t2 - t1
+        self.seconds["region_gather"] += t3 - t2
 
 
 def hierarchical_hook(state, bucket):
     """The DDP communication hook: register with model.register_comm_hook(state, this)."""
-    return state.submit(bucket.buffer(), bucket.index())
+    # Through then(): a failure then reaches DDP as a future error (which backward() raises as a
+    # RuntimeError naming the StraitError and its message), not as an exception object DDP
+    # would try to use as the bucket's tensor. state.error keeps the StraitError itself.
+    return state.submit(bucket.buffer(), bucket.index()).then(_value)
+
+
+def _value(fut):
+    return fut.value()
 
 
 # --- The `strait` process-group backend ------------------------------------------------------
