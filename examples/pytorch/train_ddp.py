@@ -59,11 +59,14 @@ def plot(out, runs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for path in runs:
+    # Lossless and int8 runs often overlap: distinct line styles keep each visible.
+    styles = ["-", "--", ":", "-."]
+    for k, path in enumerate(runs):
         with open(path) as f:
             run = json.load(f)
         label = f'{run["label"]} (acc {100 * run["accuracy"]:.1f}%, {1000 * run["step_time_s"]:.1f} ms/step)'
-        ax.plot([s["step"] for s in run["steps"]], [s["loss"] for s in run["steps"]], label=label)
+        ax.plot([s["step"] for s in run["steps"]], [s["loss"] for s in run["steps"]], label=label,
+                linestyle=styles[k % len(styles)], linewidth=2.5 - 0.5 * (k % 3))
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
