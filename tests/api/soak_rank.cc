@@ -16,7 +16,8 @@
 //   ok      SUCCESS and the reference (lossless: bit-exact; --lossy: within --lossy-tol)
 //   failed  an error code (kept with strait_last_error()); the comm is then re-created
 //   mixed   SUCCESS but element 0 is not (regions * nranks) * s: steps of different ranks summed
-//   wrong   SUCCESS, element 0 right, but some other element is not the reference
+//   wrong   SUCCESS, element 0 right, but some other element is not the reference (a mix of
+//           steps can give the right label by chance, 15 + 14 + 13 = 3 * 14; the data shows it)
 // and logged with wall-clock timestamps (Unix ms, so that a test or script can line them up
 // with the faults it injects), a 64-bit hash of the result (for --lossy, where the bench checks
 // that every rank got the same bits at the same step) and the error message. Nothing here can
