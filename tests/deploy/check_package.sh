@@ -71,10 +71,16 @@ elif ! nm -D --defined-only "$plugin" | grep -q ' ncclNetPlugin_v'; then
 fi
 [[ -n $(find "$root/usr/lib" -path '*/cmake/Strait/StraitConfig.cmake') ]] ||
   fail "the .deb lacks /usr/lib/.../cmake/Strait/StraitConfig.cmake"
-# The Python package loads the unpacked libstrait.so.0 (no torch needed for this).
+# The Python package loads the unpacked libstrait.so.0 (no torch needed for this). A sanitizer
+# build's library needs the ASan runtime first in the (uninstrumented) python3 process.
 lib=$(find "$root/usr/lib" -name libstrait.so.0 | head -n 1)
-v=$(STRAIT_LIBRARY=$lib PYTHONPATH=$root/usr/lib/python3/dist-packages python3 -c \
-      'import strait; print(".".join(map(str, strait.version())))' 2>&1) ||
+preload=()
+if nm -D --undefined-only "$lib" | grep -q ' __asan_'; then
+  preload=(env "LD_PRELOAD=$(clang -print-file-name=libclang_rt.asan-x86_64.so)"
+           ASAN_OPTIONS=detect_leaks=0)
+fi
+v=$("${preload[@]}" env STRAIT_LIBRARY="$lib" PYTHONPATH="$root/usr/lib/python3/dist-packages" \
+      python3 -c 'import strait; print(".".join(map(str, strait.version())))' 2>&1) ||
   fail "the .deb's Python package does not load its libstrait.so.0: $v"
 if ((failed)); then exit 1; fi
 
