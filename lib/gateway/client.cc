@@ -171,10 +171,17 @@ Status Client::NextIdentity(const std::string& job, Deadline deadline, Message* 
   return Status::Ok();
 }
 
-Status Client::Finished(const std::string& job, Status s) {
-  // A failed step ends the generation for this client: every region failed it too (the
-  // gateways make failures symmetric), and the next call starts a new one with them.
-  if (!s.ok()) sessions_[job].rejoin = true;
+Status Client::Finished(const std::string& job, Status s, bool refused) {
+  if (s.ok()) return s;
+  Session& session = sessions_[job];
+  if (refused) {
+    // Refused before the step was used: the same step number goes out with the next request.
+    if (session.next > 0) --session.next;
+  } else {
+    // A failed step ends the generation for this client: every region failed it too (the
+    // gateways make failures symmetric), and the next call starts a new one with them.
+    session.rejoin = true;
+  }
   return s;
 }
 
@@ -218,7 +225,9 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
   // The tensor goes out straight from the caller's buffer and the result comes back straight
   // into it: no tensor-sized buffer is allocated (and faulted in) per call on this side.
-  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, bytes));
+  auto encoded = EncodeMessageHead(m, bytes);
+  if (!encoded.ok()) return Finished(job, encoded.status(), /*refused=*/true);  // never sent
+  const std::vector<uint8_t>& head = *encoded;
   Status s = WriteAll(fd_, head, reply_by);
   if (s.ok() && bytes > 0) {
     s = WriteAll(fd_, std::span<const uint8_t>(static_cast<const uint8_t*>(data), bytes),
@@ -226,12 +235,15 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   }
   if (!s.ok()) {
     broken_ = true;
-    return Finished(job, s);
+    return Finished(job, s, false);
   }
-  return Finished(job, ReadAllReduceReply(type, data, bytes, reply_by));
+  bool refused = false;
+  Status read = ReadAllReduceReply(type, data, bytes, reply_by, &refused);
+  return Finished(job, std::move(read), refused);
 }
 
-Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline) {
+Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline,
+                                  bool* refused) {
   // Every failure to read a well-formed reply leaves the connection out of step: broken.
   auto fail = [this](Status s) {
     broken_ = true;
@@ -262,8 +274,17 @@ Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, De
   }
   const size_t data_size = *length - head_size;
   if (reply->code != StatusCode::kOk) {
-    // The gateway's error replies carry no data; the caller's buffer stays as it was.
-    if (data_size != 0) broken_ = true;
+    // The gateway's error replies carry at most the one-byte refusal marker ("Operation
+    // identity" in local_protocol.h); the caller's buffer stays as it was.
+    if (data_size > 1) {
+      broken_ = true;
+    } else if (data_size == 1) {
+      uint8_t marker = 1;
+      if (Status s = ReadFrameBytes(fd_, std::span<uint8_t>(&marker, 1), deadline); !s.ok()) {
+        return fail(s);
+      }
+      *refused = marker == 0;
+    }
     return Status(reply->code, reply->text);
   }
   if (data_size != bytes) {
@@ -300,16 +321,21 @@ Status Client::AllReduceFrame(const std::string& job, const std::string& tensor_
                             std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
   STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
-  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> head, EncodeMessageHead(m, frame_in.size()));
+  auto encoded = EncodeMessageHead(m, frame_in.size());
+  if (!encoded.ok()) return Finished(job, encoded.status(), /*refused=*/true);  // never sent
+  const std::vector<uint8_t>& head = *encoded;
   Status s = WriteAll(fd_, head, reply_by);
   if (s.ok() && !frame_in.empty()) s = WriteAll(fd_, frame_in, reply_by);
   if (!s.ok()) {
     broken_ = true;
-    return Finished(job, s);
+    return Finished(job, s, false);
   }
   auto reply = ReadReply(m.type, reply_by);
-  if (!reply.ok()) return Finished(job, reply.status());
-  if (reply->code != StatusCode::kOk) return Finished(job, Status(reply->code, reply->text));
+  if (!reply.ok()) return Finished(job, reply.status(), false);
+  if (reply->code != StatusCode::kOk) {
+    const bool refused = reply->data.size() == 1 && reply->data[0] == 0;
+    return Finished(job, Status(reply->code, reply->text), refused);
+  }
   *frame_out = std::move(reply->data);
   return Status::Ok();
 }

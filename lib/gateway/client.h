@@ -94,7 +94,9 @@ class Client {
   StatusOr<Message> Call(const Message& request, Deadline deadline);
   StatusOr<Message> ReadReply(MessageType expect, Deadline deadline);
   // Reads an all-reduce's reply (to `type`), its result straight into `data` (`bytes` long).
-  Status ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline);
+  // *refused: the gateway refused the request before its step was used (an error reply's marker).
+  Status ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline,
+                            bool* refused);
   // AllReduce and RegionAllReduce: a request of `type` (kAllReduce or kRegionAllReduce).
   Status AllReduceAs(MessageType type, const std::string& job, const std::string& tensor_key,
                      DataType dtype, ReduceOp op, void* data, size_t count, Deadline deadline);
@@ -108,8 +110,9 @@ class Client {
   StatusOr<uint64_t> JoinLocked(const std::string& job, Deadline deadline);
   // Fills m's (generation, sequence), joining first where needed.
   Status NextIdentity(const std::string& job, Deadline deadline, Message* m);
-  // Returns `s`, marking the job for a new generation when it failed.
-  Status Finished(const std::string& job, Status s);
+  // Returns `s`; a failed step marks the job for a new generation, a refused one (the gateway
+  // never used it) gives its step number back.
+  Status Finished(const std::string& job, Status s, bool refused);
 
   std::mutex mu_;
   int fd_ = -1;

@@ -105,6 +105,12 @@ Message Reply(MessageType to, const Status& status) {
   return m;
 }
 
+Message Refused(MessageType to, const Status& status) {
+  Message m = Reply(to, status);
+  m.data = {0};
+  return m;
+}
+
 // ---- Policy: the regions agree on each job's policy; `auto` picks codecs per link -------------
 
 void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message) {
@@ -295,7 +301,19 @@ Message Gateway::Impl::HandleJoin(Message& request) {
       ++refused_requests;
       return Reply(request.type, owner);
     }
+    if (stopping.load()) {
+      return Reply(request.type, UnavailableError("the gateway is shutting down"));
+    }
+    ++in_flight;  // Shutdown's grace covers joins as it covers all-reduces
   }
+  struct Done {
+    Impl* g;
+    bool ok = false;
+    ~Done() {
+      --g->in_flight;
+      if (!ok) ++g->join_failed;
+    }
+  } done{this};
   int64_t budget = config.allreduce_deadline_ns;
   if (request.timeout_ms > 0) budget = std::min<int64_t>(budget, request.timeout_ms * 1'000'000ll);
   const Deadline deadline = Deadline::After(budget);
@@ -317,6 +335,7 @@ Message Gateway::Impl::HandleJoin(Message& request) {
       m.text = "generation " + std::to_string(*g);
       m.data.resize(8);
       PutU64(m.data.data(), *g);
+      done.ok = true;
       return m;
     }
     if (g.status().code() != StatusCode::kDeadlineExceeded || deadline.Expired()) {
@@ -559,7 +578,8 @@ Message Gateway::Impl::Handle(Message& request) {
       os << "connections " << connections << "\nrefused_connections " << refused_connections
          << "\nbad_requests " << bad_requests << "\nrefused_requests " << refused_requests
          << "\nallreduce_ok " << allreduce_ok
-         << "\nallreduce_failed " << allreduce_failed << "\nbytes_sent " << bytes_sent
+         << "\nallreduce_failed " << allreduce_failed << "\njoin_failed " << join_failed
+         << "\nbytes_sent " << bytes_sent
          << "\nbytes_received " << bytes_received << "\nin_flight " << in_flight << "\n";
       // Time of the successful all-reduces (collective::AllReduceStats, summed over both of
       // each operation's threads).
@@ -636,17 +656,17 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     auto it = jobs.find(request.job);
     if (it == jobs.end()) {
       ++bad_requests;
-      return Reply(request.type, FailedPreconditionError("job \"" + request.job +
+      return Refused(request.type, FailedPreconditionError("job \"" + request.job +
                                                          "\" is not registered; send "
                                                          "register-job with its policy first"));
     }
     if (stopping.load()) {
-      return Reply(request.type, UnavailableError("the gateway is shutting down"));
+      return Refused(request.type, UnavailableError("the gateway is shutting down"));
     }
     if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
       ++refused_requests;
       STRAIT_LOG(kWarn, kLog) << "refused all-reduce: " << owner.message();
-      return Reply(request.type, owner);
+      return Refused(request.type, owner);
     }
     policy = it->second;
     ++in_flight;
@@ -667,7 +687,7 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
       ++bad_requests;
       STRAIT_LOG(kWarn, kLog) << "refused all-reduce-frame " << request.job << "/"
                               << request.tensor_key << ": " << fs;
-      return Reply(request.type,
+      return Refused(request.type,
                    fs.WithContext("all-reduce-frame of " + request.job + "/" + request.tensor_key));
     }
   }
@@ -726,6 +746,8 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
       req.error_feedback = false;
     }
   }
+  // From here on the step's identity is used: a failure now spends it in every region.
+  const bool spent = s.ok();
   if (s.ok()) {
     // The operation's identity (see "Operation identity" in local_protocol.h): its op id hashes
     // all of it, so steps of different comms or positions never meet; the announcement makes
@@ -766,7 +788,14 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     if (!s.ok()) {
       // Refused or failed before the operation started: counted below like any failure.
     } else if (request.type == MessageType::kRegionAllReduce) {
-      s = RunRegionAllReduce(req, &stats);
+      // The region's gateways pair by (job, scope, generation, step, key) alone, so that node
+      // heads that disagree on the count or dtype meet and the region phase names the mismatch.
+      s = RunRegionAllReduce(
+          req,
+          OperationId(request.job,
+                      "\x1fregion-side/" + request.tensor_key + "/" + std::to_string(request.scope),
+                      word),
+          &stats);
     } else {
       s = collective::AllReduce(*transport, req, &stats);
       if (s.ok()) s = Commit(req.op_id, deadline);
@@ -786,10 +815,11 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
     STRAIT_LOG(kWarn, kLog) << "all-reduce " << request.job << "/" << request.tensor_key
                             << " generation " << request.generation << " step " << sequence
                             << " failed: " << s;
-    return Reply(request.type, s.WithContext("all-reduce of " + request.job + "/" +
-                                             request.tensor_key + " (generation " +
-                                             std::to_string(request.generation) + " step " +
-                                             std::to_string(sequence) + ")"));
+    const Status failed =
+        s.WithContext("all-reduce of " + request.job + "/" + request.tensor_key +
+                      " (generation " + std::to_string(request.generation) + " step " +
+                      std::to_string(sequence) + ")");
+    return spent ? Reply(request.type, failed) : Refused(request.type, failed);
   }
   ++allreduce_ok;
   bytes_sent += stats.bytes_sent;
@@ -872,7 +902,7 @@ Status Gateway::Impl::WaitForRegionLinks(Deadline deadline) {
   }
 }
 
-Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req,
+Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req, uint64_t region_op_id,
                                          collective::AllReduceStats* stats) {
   const int m = config.RegionSize();
   // Apart from plain all-reduces' op ids, and from those of gateways whose region runs another
@@ -895,8 +925,7 @@ Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req,
   }
   collective::RegionSide side;
   side.transport = region_transport.get();
-  // The region's gateways derive it from the same identity (see "Operation identity").
-  side.op_id = OperationId(req.job, "\x1fregion-side", req.op_id);
+  side.op_id = region_op_id;
   collective::HierarchicalStats hs;
   s = collective::HierarchicalAllReduce(side, *transport, req, &hs);
   *stats = hs.cross;

@@ -75,6 +75,7 @@ struct Gateway::Impl {
   std::atomic<uint64_t> connections{0}, refused_connections{0}, bad_requests{0};
   std::atomic<uint64_t> refused_requests{0};  // requests for a job of another uid
   std::atomic<uint64_t> allreduce_ok{0}, allreduce_failed{0}, bytes_sent{0}, bytes_received{0};
+  std::atomic<uint64_t> join_failed{0};  // kJoinJob requests that failed (e.g. a region missing)
   // Where successful all-reduces spent their time (collective::AllReduceStats, summed; the
   // wall time of the cross-region operation itself), for `strait-bench allreduce`.
   std::atomic<int64_t> handle_ns{0}, allreduce_ns{0}, encode_ns{0}, reduce_ns{0}, decode_ns{0},
@@ -169,7 +170,9 @@ struct Gateway::Impl {
   // Until every gateway of the region was heard from (its incarnation is known).
   Status WaitForRegionLinks(Deadline deadline);
   // Runs `req` (numbered for the cross-region transport) as a hierarchical all-reduce.
-  Status RunRegionAllReduce(collective::AllReduceRequest& req, collective::AllReduceStats* stats);
+  // `region_op_id` pairs the region's gateways (see HandleAllReduce).
+  Status RunRegionAllReduce(collective::AllReduceRequest& req, uint64_t region_op_id,
+                            collective::AllReduceStats* stats);
 
   // Operations (gateway_metrics.cc): the Prometheus registry (families declared by Start),
   // per-all-reduce recording, and the /metrics, /healthz, /readyz server when metrics.listen
@@ -206,6 +209,9 @@ struct Gateway::Impl {
 
 // A reply to a request of type `to` carrying `status` (and nothing else yet).
 Message Reply(MessageType to, const Status& status);
+// An all-reduce's error reply for a request refused before its step was used (data: one byte 0;
+// see "Operation identity" in local_protocol.h): the comm may issue that step again.
+Message Refused(MessageType to, const Status& status);
 
 }  // namespace strait::gateway
 

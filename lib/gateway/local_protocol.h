@@ -60,6 +60,10 @@
 // different positions in one comm, can never be summed: two regions that disagree on a step's
 // tensor key, dtype or count fail that step with kFailedPrecondition naming both identities, and
 // a step of an old generation fails at once with kAborted once any region joined a newer one.
+// An all-reduce's error reply carries one data byte 0 when the gateway refused the request before
+// its step was used (not registered, another uid's job, a bad frame, shutting down): the comm may
+// issue the same step again. Any other error reply (no data, or a byte 1) means the step failed
+// in every region: the comm must join a new generation (gateway::Client does so by itself).
 //
 // Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
 // carried by the two regions' gateways that hold the same shard index (the NCCL plugin's

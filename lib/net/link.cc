@@ -999,7 +999,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
       delivered_ns_ = now;
       first_sent_ns_ = now;
     }
-    stamps_[chunk.seq] = SentStamp{now, delivered_, delivered_ns_, first_sent_ns_};
+    // Nothing else waiting to be cut: the sample this chunk gives is application-limited (a
+    // small control message after a transfer, e.g. the gateway's commit), so it says how much
+    // the application sent, not what the path carries (see SampleDelivery).
+    stamps_[chunk.seq] =
+        SentStamp{now, delivered_, delivered_ns_, first_sent_ns_, !send_.has_work()};
   }
 
   void SampleDelivery(const Ack& ack, uint64_t acked) {
@@ -1024,8 +1028,11 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     first_sent_ns_ = newest->sent_ns;
     delivered_ns_ = now;
     if (interval <= 0 || interval < BaseRttNs()) return;
-    window_rate_sum_ +=
+    const double rate =
         static_cast<double>(delivered_ - newest->delivered) * 1e9 / static_cast<double>(interval);
+    // As BBR does: an application-limited sample may raise the estimate, never lower it.
+    if (newest->app_limited && rate < est_.goodput_bytes_per_s) return;
+    window_rate_sum_ += rate;
     ++window_samples_;
   }
 
@@ -1273,6 +1280,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
     uint64_t delivered = 0;    // bytes acknowledged on the link when the chunk was cut
     int64_t delivered_ns = 0;  // when the last ack before the cut arrived
     int64_t first_sent_ns = 0;  // when the newest chunk acknowledged by then was cut
+    bool app_limited = false;   // cut with nothing else waiting (StampSent)
   };
   std::map<uint64_t, SentStamp> stamps_;
   uint64_t delivered_ = 0;

@@ -58,11 +58,22 @@ class FrameGateways : public ::testing::Test {
     gateways_.clear();
     ::rmdir(dir_.c_str());
   }
+  // Registers `job` on both gateways, then both clients join it (at once: a join waits for the
+  // other region), as a comm does when it is created.
   void RegisterBoth(const std::string& job, const std::string& policy) {
     for (auto& c : clients_) {
       auto p = c->RegisterJob(job, policy, Deadline::AfterSeconds(5));
       ASSERT_TRUE(p.ok()) << p.status();
     }
+    std::vector<std::thread> joins;
+    std::vector<Status> joined(clients_.size());
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      joins.emplace_back([&, i] {
+        joined[i] = clients_[i]->JoinJob(job, Deadline::AfterSeconds(10)).status();
+      });
+    }
+    for (auto& t : joins) t.join();
+    for (const Status& j : joined) ASSERT_TRUE(j.ok()) << j;
   }
 
   std::string dir_;
@@ -220,7 +231,7 @@ TEST_F(FrameGateways, BadFramesGetOneClearErrorEachAndTheGatewayKeepsServing) {
             std::string::npos)
       << s;
 
-  ASSERT_TRUE(us.RegisterJob("autojob", "auto", Deadline::AfterSeconds(5)).ok());
+  RegisterBoth("autojob", "auto");
   s = call(good, ReduceOp::kSum, "autojob");
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("auto chooses codecs per link"), std::string::npos) << s;

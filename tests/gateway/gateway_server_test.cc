@@ -92,7 +92,8 @@ TEST_F(GatewayServer, BadRequestsGetErrorsAndTheGatewayKeepsServing) {
   EXPECT_EQ(raw->code, StatusCode::kInvalidArgument);
   EXPECT_NE(raw->text.find("unknown local message type 99"), std::string::npos) << raw->text;
 
-  // The peer region never comes up: the all-reduce fails by its deadline, clearly.
+  // The peer region never comes up: the all-reduce fails by its deadline, clearly (in the join
+  // that the client makes before the job's first all-reduce).
   ASSERT_TRUE((*client)->RegisterJob("job", "zstd", Deadline::AfterSeconds(5)).ok());
   s = (*client)->AllReduce("job", "w", DataType::kFloat32, ReduceOp::kSum, data, 4,
                            Deadline::After(300'000'000));
@@ -103,7 +104,7 @@ TEST_F(GatewayServer, BadRequestsGetErrorsAndTheGatewayKeepsServing) {
   auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_NE(stats->find("bad_requests 3\n"), std::string::npos) << *stats;
-  EXPECT_NE(stats->find("allreduce_failed 1\n"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("join_failed 1\n"), std::string::npos) << *stats;
 
   // A frame length above the limit breaks the framing: an error reply, then the connection
   // closes; a new client is served as before.

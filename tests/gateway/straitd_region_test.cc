@@ -240,9 +240,9 @@ TEST_P(StraitdRegion, FourNodeHeadsInTwoRegionsGetTheSameResult) {
   // both of region us say what is wrong without waiting for the deadline (each exchanged parts
   // with the other before either could fail). Region eu fails through the aborts; a gateway there
   // whose client had not yet sent the request when the abort came may instead wait for its
-  // deadline (the op numbering moved on meanwhile; gateway.h "Operations"), so only "not OK" is
+  // deadline (it joined a new generation meanwhile; gateway.h "Operations"), so only "not OK" is
   // checked there, with a short deadline. This is the last all-reduce of the test for the same
-  // reason: right after a failure the numbering may still be settling.
+  // reason: right after a failure the generations may still be settling.
   std::vector<Status> bad = OnEveryNode([&](int node, Client& client) {
     std::vector<float> x = Input(node);
     const size_t count = node == 1 ? kCount - 1 : kCount;

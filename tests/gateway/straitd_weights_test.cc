@@ -94,11 +94,24 @@ class StraitdWeights : public ::testing::Test {
     }
   }
 
+  // Registers `job` in every region and joins it there (each region's comm, at once), so that
+  // AllReduceAll can number its steps (local_protocol.h, "Operation identity").
   void RegisterEverywhere(const std::string& job) {
     for (auto& c : clients_) {
       auto p = c->RegisterJob(job, "none", Deadline::AfterSeconds(10));
       ASSERT_TRUE(p.ok()) << job << ": " << p.status();
     }
+    std::vector<StatusOr<uint64_t>> joined(clients_.size(), 0);
+    std::vector<std::thread> joins;
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      joins.emplace_back([&, i] { joined[i] = clients_[i]->JoinJob(job, Deadline::AfterSeconds(20)); });
+    }
+    for (auto& t : joins) t.join();
+    for (const auto& g : joined) {
+      ASSERT_TRUE(g.ok()) << job << ": " << g.status();
+      ASSERT_EQ(*g, *joined[0]) << job << ": regions joined different generations";
+    }
+    steps_[job] = {*joined[0], 0};
   }
 
   // One all-reduce on every region at once (region r contributes inputs[r]); checks that all
@@ -107,6 +120,8 @@ class StraitdWeights : public ::testing::Test {
   std::vector<size_t> AllReduceAll(const std::string& job, const std::string& key,
                                    const std::vector<std::vector<float>>& inputs) {
     const size_t count = inputs[0].size();
+    const auto [generation, step] = steps_[job];
+    steps_[job].second++;
     std::vector<RankResult> results(kRegions);
     std::vector<std::thread> threads;
     for (int r = 0; r < kRegions; ++r) {
@@ -118,6 +133,8 @@ class StraitdWeights : public ::testing::Test {
         m.dtype = DataType::kFloat32;
         m.op = ReduceOp::kSum;
         m.count = count;
+        m.generation = generation;
+        m.sequence = step;
         m.timeout_ms = 30'000;
         m.data.resize(count * sizeof(float));
         std::memcpy(m.data.data(), inputs[static_cast<size_t>(r)].data(), m.data.size());
@@ -163,6 +180,7 @@ class StraitdWeights : public ::testing::Test {
 
   std::unique_ptr<testing::WanCluster> cluster_;
   std::vector<std::unique_ptr<Client>> clients_;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> steps_;  // job -> (generation, next step)
 };
 
 TEST_F(StraitdWeights, ShardsFollowMeasuredRatesWithoutConfiguredWeights) {
