@@ -127,8 +127,8 @@ def test_a_killed_rank_fails_every_other_rank_in_time(library, straitd, tmp_path
     # is gone) or from gloo (a world-group call of the script meeting a closed connection, once
     # a failed rank exited): either way one line that says what happened.
     for ln in errors:
-        assert "StraitError: STRAIT_ERROR_" in ln or "Connection closed by peer" in ln, ln
-    assert took < 45, f"the other ranks took {took:.0f} s to fail (deadline 10 s)"
+        assert "StraitError: STRAIT_ERROR_" in ln or "gloo/transport" in ln, ln
+    assert took < 45, f"the other ranks took {took:.0f} s to fail (deadline 10 s):\n{err}"
 
 
 def test_strait_process_group_backend(library, straitd, tmp_path):
