@@ -4,7 +4,8 @@
 # The hook (hierarchical_hook with a HierarchicalState) does, for each gradient bucket, on one
 # worker thread per state and in the order DDP issues the buckets:
 #   1. reduce-scatter the bucket inside the region with the region's own torch process group
-#      (NCCL: reduce_scatter_tensor; gloo, which has none: all_reduce, then this rank's slice);
+#      (NCCL: reduce_scatter_tensor; gloo, which has none: each rank sends every peer its slice
+#      with isend/irecv and sums its own in rank order; other backends: all_reduce and slice);
 #   2. copy this rank's shard to host memory and all-reduce it across the regions through this
 #      rank's straitd (a 1-rank Strait comm; the straitd's shard_index must be the rank in region,
 #      so that shard k of every region meets at the straitds of index k); the gateway applies the
@@ -90,6 +91,7 @@ class HierarchicalState:
         # Seconds the worker spent in each stage, summed over buckets (for benchmarks).
         self.seconds = {"region_reduce": 0.0, "cross_region": 0.0, "region_gather": 0.0}
         self._failed = None
+        self._peers = None  # global ranks of the region group's members (gloo exchange)
         self._queue = queue.Queue()
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="strait-ddp-hook", daemon=True)
@@ -174,6 +176,8 @@ class HierarchicalState:
             shard = flat.new_empty(s)
             rs = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
             rs(shard, flat, group=g)
+        elif self.backend == "gloo":
+            shard = self._exchange_reduce(flat, s)
         else:
             dist.all_reduce(flat, group=g)
             shard = flat[r * s:(r + 1) * s]
@@ -206,6 +210,32 @@ class HierarchicalState:
         self.seconds["region_reduce"] += t1 - t0
         self.seconds["cross_region"] += t2 - t1
         self.seconds["region_gather"] += t3 - t2
+
+
+    def _exchange_reduce(self, flat, s):
+        """Reduce-scatter for gloo, which has none: every rank sends slice j to rank j and sums
+        the slices it receives for its own, in region rank order (the same order on every
+        rank, so the result does not depend on arrival). Half the traffic and additions of
+        all_reduce-then-slice."""
+        g, r, m = self.region_group, self.region_rank, self.region_size
+        peers = self._peers
+        if peers is None:
+            c10d = dist.distributed_c10d
+            global_rank = getattr(c10d, "get_global_rank", None) or c10d._get_global_rank
+            peers = self._peers = [global_rank(g, j) for j in range(m)]
+        parts = list(flat.split(s))
+        got = {j: torch.empty_like(parts[r]) for j in range(m) if j != r}
+        works = []
+        for j in range(m):
+            if j != r:
+                works.append(dist.isend(parts[j], peers[j], group=g))
+                works.append(dist.irecv(got[j], peers[j], group=g))
+        for w in works:
+            w.wait()
+        shard = got[0].clone() if r != 0 else parts[0].clone()
+        for j in range(1, m):
+            shard.add_(parts[r] if j == r else got[j])
+        return shard
 
 
 def hierarchical_hook(state, bucket):
