@@ -459,6 +459,23 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
       }
     }
   }
+  // Partial steps: a step number that some ranks finished well and others failed. Not wrong in
+  // itself, but there the replicas part ways (one applied the step, another did not), and a
+  // rank that failed one step more than the others is how mixed steps began on 9b047d6 and
+  // 43b4dc1. Reported here, not asserted (issue 13 asks for no mixing; chaos.sh counts it too).
+  {
+    std::map<int64_t, std::pair<int, int>> by_step;  // step -> (ok ranks, failed ranks)
+    for (int r = 0; r < kRegions; ++r) {
+      for (const Step& s : ReadSteps(Prefix(r) + ".log")) {
+        if (s.cls == "ok") ++by_step[s.step].first;
+        if (s.cls == "failed") ++by_step[s.step].second;
+      }
+    }
+    int partial = 0;
+    for (const auto& [step, n] : by_step) partial += n.first > 0 && n.second > 0 ? 1 : 0;
+    std::printf("restart_soak: %d step number(s) succeeded on some ranks and failed on others\n",
+                partial);
+  }
   for (const Fault& f : faults) {
     std::string per;
     for (int r = 0; r < kRegions; ++r) {
