@@ -262,9 +262,6 @@ def test_mixed_policies_never_give_a_wrong_or_region_dependent_result(gateways):
         assert torch.equal(out[0], data[0] + data[1]) and torch.equal(out[1], out[0])
 
 
-@pytest.mark.xfail(strict=True, reason="regression in 43b4dc1 (gateway generations): region 0's "
-                   "int8 frame, refused by the agreed zstd policy, fails the step and bumps the "
-                   "generation instead of falling back to the raw all-reduce; both regions time out")
 def test_regions_asking_for_different_policies_agree_on_the_conservative_one(gateways):
     # The gateways merge the regions' policies (lib/gateway/policy.h: the most conservative one
     # every region allows): int8 in one region and zstd in the other run lossless, and both
