@@ -80,6 +80,15 @@ struct FramePath {
   }
 };
 
+// All-reduce calls of each job this process completed, over all its comms: the step the job's
+// ranks go on from, which a new comm's join compares across the regions (gateway/generation.h,
+// "Resume positions"). Never freed: comms of any thread read it until exit.
+std::mutex g_steps_mu;
+std::map<std::string, uint64_t>& CompletedSteps() {
+  static auto* steps = new std::map<std::string, uint64_t>();
+  return *steps;
+}
+
 }  // namespace
 
 struct HostComm::Impl {
@@ -214,7 +223,13 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
   // generation, agreed with every region's gateway of this shard (local_protocol.h, "Operation
   // identity"). This comm's all-reduces are numbered within it, so no step of an earlier comm
   // (before a failure or a gateway restart) can ever pair with them.
-  if (auto generation = g.client->JoinJob(options.job, deadline); !generation.ok()) {
+  uint64_t completed = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_steps_mu);
+    completed = CompletedSteps()[options.job];
+  }
+  if (auto generation = g.client->JoinJob(options.job, deadline, 1 + completed);
+      !generation.ok()) {
     return generation.status().WithContext(me + ": joining job '" + options.job +
                                            "' with the other regions");
   }
@@ -239,11 +254,18 @@ Status HostComm::AllReduce(const void* send, void* recv, size_t count, DataType 
                                    failed_.ToString() +
                                    "); destroy the comm and create a new one on every rank");
   }
-  if (count == 0) return Status::Ok();
-  auto* data = static_cast<uint8_t*>(recv);
-  if (send != recv) std::memmove(data, send, count * DataTypeSize(dtype));
-  Status s = RunAllReduce(data, count, dtype, op, tensor_key);
-  if (!s.ok()) failed_ = s;
+  Status s;
+  if (count > 0) {
+    auto* data = static_cast<uint8_t*>(recv);
+    if (send != recv) std::memmove(data, send, count * DataTypeSize(dtype));
+    s = RunAllReduce(data, count, dtype, op, tensor_key);
+  }
+  if (!s.ok()) {
+    failed_ = s;
+    return s;
+  }
+  std::lock_guard<std::mutex> steps(g_steps_mu);
+  ++CompletedSteps()[options_.job];
   return s;
 }
 

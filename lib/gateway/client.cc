@@ -131,10 +131,12 @@ StatusOr<std::string> Client::RegisterJob(const std::string& job, const std::str
   return reply.text;
 }
 
-StatusOr<uint64_t> Client::JoinLocked(const std::string& job, Deadline deadline) {
+StatusOr<uint64_t> Client::JoinLocked(const std::string& job, Deadline deadline,
+                                      uint64_t resume) {
   Message m;
   m.type = MessageType::kJoinJob;
   m.job = job;
+  m.resume = resume;
   const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
   m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
   // As for all-reduces: the gateway answers at the deadline with who is missing.
@@ -155,9 +157,9 @@ StatusOr<uint64_t> Client::JoinLocked(const std::string& job, Deadline deadline)
   return session.generation;
 }
 
-StatusOr<uint64_t> Client::JoinJob(const std::string& job, Deadline deadline) {
+StatusOr<uint64_t> Client::JoinJob(const std::string& job, Deadline deadline, uint64_t resume) {
   std::lock_guard<std::mutex> lock(mu_);
-  return JoinLocked(job, deadline);
+  return JoinLocked(job, deadline, resume);
 }
 
 Status Client::NextIdentity(const std::string& job, Deadline deadline, Message* m) {

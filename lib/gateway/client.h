@@ -52,7 +52,9 @@ class Client {
   // calls below join by themselves when the job was not joined yet, or when an earlier
   // all-reduce of the job failed on this client (every region failed that step too, and the
   // next one starts a new generation with them).
-  StatusOr<uint64_t> JoinJob(const std::string& job, Deadline deadline);
+  // `resume`: 0, or 1 + the all-reduces of the job this rank's process completed before (so
+  // that regions whose ranks would go on at different steps are told, instead of mixing them).
+  StatusOr<uint64_t> JoinJob(const std::string& job, Deadline deadline, uint64_t resume = 0);
 
   // All-reduces `count` elements of `dtype` at `data` in place across the regions, under `job`'s
   // policy. Every region's ranks must issue the same (job, tensor key) sequence in the same
@@ -107,7 +109,7 @@ class Client {
     uint64_t next = 0;
     bool rejoin = true;
   };
-  StatusOr<uint64_t> JoinLocked(const std::string& job, Deadline deadline);
+  StatusOr<uint64_t> JoinLocked(const std::string& job, Deadline deadline, uint64_t resume = 0);
   // Fills m's (generation, sequence), joining first where needed.
   Status NextIdentity(const std::string& job, Deadline deadline, Message* m);
   // Returns `s`; a failed step marks the job for a new generation, a refused one (the gateway

@@ -322,12 +322,14 @@ Message Gateway::Impl::HandleJoin(Message& request) {
   }
   const std::string key = GenerationKey(request.job, request.scope);
   std::vector<std::pair<uint64_t, Status>> aborts;
-  SendToPeers(kGenerationChannel, generations->BeginJoin(key, &aborts));
+  SendToPeers(kGenerationChannel, generations->BeginJoin(key, request.resume, &aborts));
   for (auto& [op_id, why] : aborts) transport->Abort(op_id, why);
   for (;;) {
     // Short slices: a peer's higher proposal raises ours, which the peers must hear soon.
     const Deadline slice = Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 200'000'000));
-    auto g = generations->AwaitJoin(key, slice, [this] { return stopping.load(); });
+    std::vector<std::pair<uint64_t, Status>> superseded;
+    auto g = generations->AwaitJoin(key, slice, [this] { return stopping.load(); }, &superseded);
+    for (auto& [op_id, why] : superseded) transport->Abort(op_id, why);
     if (g.ok()) {
       STRAIT_LOG(kInfo, kLog) << "job " << request.job << " (scope " << request.scope
                               << "): joined generation " << *g;

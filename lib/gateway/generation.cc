@@ -11,12 +11,12 @@
 namespace strait::gateway {
 namespace {
 
-constexpr size_t kHeaderBytes = 20;
+constexpr size_t kHeaderBytes = 28;
 // Announcements kept per job: a peer's operations run at most a few steps ahead of ours.
 constexpr size_t kMaxAnnouncedSteps = 256;
 
 std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, uint64_t a,
-                            uint64_t b, const std::string& text = {}) {
+                            uint64_t b, uint64_t c, const std::string& text = {}) {
   const size_t j = std::min(job.size(), kMaxGenerationJobBytes);
   const size_t t = std::min(text.size(), kMaxIdentityBytes);
   std::vector<uint8_t> m(kHeaderBytes + j + t);
@@ -25,6 +25,7 @@ std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, 
   PutU16(m.data() + 2, static_cast<uint16_t>(j));
   PutU64(m.data() + 4, a);
   PutU64(m.data() + 12, b);
+  PutU64(m.data() + 20, c);
   std::memcpy(m.data() + kHeaderBytes, job.data(), j);
   if (t > 0) std::memcpy(m.data() + kHeaderBytes + j, text.data(), t);
   return m;
@@ -72,48 +73,107 @@ void Generations::SupersededLocked(const std::string& job, uint64_t newer, int b
   }
 }
 
-std::vector<uint8_t> Generations::BeginJoin(const std::string& job,
+bool Generations::RaiseLocked(Job& j) const {
+  if (!j.joining) return false;
+  uint64_t proposal = j.proposal;
+  if (j.proposal <= j.current) {
+    // A join's first proposal: above every generation agreed anywhere so far (a peer's agreed
+    // generation may be one it agreed with this gateway's previous life), so only once every
+    // peer's state is known.
+    proposal = j.current + 1;
+    for (size_t p = 0; p < j.peers.size(); ++p) {
+      if (static_cast<int>(p) == rank_) continue;
+      if (!j.peers[p].heard) return false;
+      proposal = std::max({proposal, j.peers[p].proposal, j.peers[p].current + 1});
+    }
+  } else {
+    // Afterwards only a peer that proposes more moves it (a peer's agreed generation equal to
+    // this proposal is agreement with it: see AwaitJoin).
+    for (size_t p = 0; p < j.peers.size(); ++p) {
+      if (static_cast<int>(p) != rank_) proposal = std::max(proposal, j.peers[p].proposal);
+    }
+  }
+  if (proposal == j.proposal) return false;
+  j.proposal = proposal;
+  return true;
+}
+
+std::vector<uint8_t> Generations::BeginJoin(const std::string& job, uint64_t resume,
                                             std::vector<std::pair<uint64_t, Status>>* aborts) {
   std::lock_guard<std::mutex> lock(mu_);
   Job& j = JobLocked(job);
-  uint64_t proposal = std::max(j.proposal, j.current + 1);
-  for (size_t p = 0; p < j.peers.size(); ++p) {
-    if (static_cast<int>(p) == rank_) continue;
-    proposal = std::max({proposal, j.peers[p].proposal, j.peers[p].current + 1});
+  j.resume = resume;
+  j.refused = Status::Ok();
+  if (!j.joining) {
+    j.joining = true;
+    j.proposal = j.current;  // a new join computes a new proposal
   }
-  j.proposal = proposal;
-  SupersededLocked(job, proposal, rank_, aborts);
-  return Encode(GenerationMessageKind::kJoin, job, j.proposal, j.current);
+  if (RaiseLocked(j)) SupersededLocked(job, j.proposal, rank_, aborts);
+  return Encode(GenerationMessageKind::kJoin, job, j.Offer(), j.current, j.resume);
 }
 
 StatusOr<uint64_t> Generations::AwaitJoin(const std::string& job, Deadline slice,
-                                          const std::function<bool()>& stop) {
+                                          const std::function<bool()>& stop,
+                                          std::vector<std::pair<uint64_t, Status>>* aborts) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     Job& j = JobLocked(job);
-    // A peer that proposes more wins: take its number (the caller resends ours).
-    j.proposal = std::max(j.proposal, NewestLocked(j).first);
-    bool all = true;
+    if (!j.joining && j.current > 0) {  // agreed already (e.g. on a peer's word)
+      if (!j.refused.ok()) return j.refused;
+      return j.current;
+    }
+    // A peer that proposes more wins, and a first proposal waits until every peer was heard.
+    if (RaiseLocked(j)) {
+      if (aborts != nullptr) SupersededLocked(job, j.proposal, rank_, aborts);
+      return DeadlineExceededError("proposal raised to " + std::to_string(j.proposal));
+    }
+    // Every peer proposes the same, or agreed it already (which it could only with this
+    // gateway's proposal: a first proposal is above every generation agreed before it).
+    bool all = j.joining && j.proposal > j.current;
     for (size_t p = 0; p < j.peers.size(); ++p) {
-      if (static_cast<int>(p) != rank_ && j.peers[p].proposal != j.proposal) all = false;
+      if (static_cast<int>(p) == rank_) continue;
+      const PeerState& ps = j.peers[p];
+      if (ps.proposal != j.proposal && ps.current != j.proposal) all = false;
     }
     if (all) {
       j.current = j.proposal;
+      j.joining = false;
       // Announcements of older generations can never match an operation again.
       std::erase_if(j.announced, [&](const auto& kv) { return kv.first.first < j.current; });
+      // Every region must go on from the same step (see "Resume positions").
+      bool differ = false;
+      std::string positions;
+      for (size_t p = 0; p < j.peers.size(); ++p) {
+        const uint64_t r = static_cast<int>(p) == rank_ ? j.resume : j.peers[p].resume;
+        if (r == 0) continue;
+        if (j.resume != 0 && r != j.resume) differ = true;
+        AppendToList(positions, names_[p] + " " + std::to_string(r - 1));
+      }
+      if (differ) {
+        return j.refused = FailedPreconditionError(
+            "job \"" + job + "\": the regions' ranks would go on from different steps (all-reduces "
+            "completed: " + positions + "): a gateway was lost just as a step completed in "
+            "some regions only, and its rank never got the result. The regions cannot continue "
+            "in step: restart every rank of the job from its last checkpoint");
+      }
       return j.current;
     }
     if (stop && stop()) return UnavailableError("the gateway is shutting down");
     if (slice.Expired()) {
       std::string missing;
       for (size_t p = 0; p < j.peers.size(); ++p) {
-        if (static_cast<int>(p) != rank_ && j.peers[p].proposal != j.proposal) {
-          AppendToList(missing, names_[p] + " (at generation " +
-                                    std::to_string(j.peers[p].current) + ")");
+        if (static_cast<int>(p) != rank_ && j.peers[p].proposal != j.proposal &&
+            j.peers[p].current != j.proposal) {
+          AppendToList(missing, names_[p] + (j.peers[p].heard
+                                                 ? " (at generation " +
+                                                       std::to_string(j.peers[p].current) + ")"
+                                                 : std::string(" (not heard from)")));
         }
       }
+      const std::string which =
+          j.proposal > j.current ? "generation " + std::to_string(j.proposal) : "a new generation";
       return DeadlineExceededError("job \"" + job + "\": the gateways of " + missing +
-                                   " have not joined generation " + std::to_string(j.proposal) +
+                                   " have not joined " + which +
                                    " yet: their ranks have not created their comm for this job "
                                    "(every rank of every region must create it)");
     }
@@ -128,7 +188,9 @@ std::vector<int> Generations::Missing(const std::string& job) const {
   auto it = jobs_.find(job);
   for (size_t p = 0; p < names_.size(); ++p) {
     if (static_cast<int>(p) == rank_) continue;
-    if (it == jobs_.end() || it->second.peers[p].proposal != it->second.proposal) {
+    if (it == jobs_.end() || !it->second.peers[p].heard ||
+        (it->second.peers[p].proposal != it->second.Offer() &&
+         it->second.peers[p].current != it->second.Offer())) {
       out.push_back(static_cast<int>(p));
     }
   }
@@ -139,9 +201,9 @@ std::vector<uint8_t> Generations::StateMessage(const std::string& job,
                                                GenerationMessageKind kind) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(job);
-  const uint64_t proposal = it == jobs_.end() ? 0 : it->second.proposal;
+  const uint64_t proposal = it == jobs_.end() ? 0 : it->second.Offer();
   const uint64_t current = it == jobs_.end() ? 0 : it->second.current;
-  return Encode(kind, job, proposal, current);
+  return Encode(kind, job, proposal, current, it == jobs_.end() ? 0 : it->second.resume);
 }
 
 uint64_t Generations::Current(const std::string& job) const {
@@ -183,7 +245,7 @@ Status Generations::BeginOp(const std::string& job, uint64_t generation, uint64_
     j.announced.erase(a);
   }
   ops_[op_id] = Op{job, generation, sequence, identity, Status::Ok()};
-  *announce = Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, identity);
+  *announce = Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, 0, identity);
   return Status::Ok();
 }
 
@@ -256,11 +318,13 @@ StatusOr<Generations::Effects> Generations::OnMessage(int peer, std::span<const 
   PeerState& ps = j.peers[static_cast<size_t>(peer)];
   ps.proposal = a;
   ps.current = b;
+  ps.heard = true;
+  ps.resume = GetU64(m.data() + 20);
   if (const uint64_t newest = std::max(a, b); newest > j.current) {
     SupersededLocked(job, newest, peer, &effects.aborts);
   }
   if (kindv == GenerationMessageKind::kJoin) {
-    effects.reply = Encode(GenerationMessageKind::kState, job, j.proposal, j.current);
+    effects.reply = Encode(GenerationMessageKind::kState, job, j.Offer(), j.current, j.resume);
   }
   cv_.notify_all();
   return effects;

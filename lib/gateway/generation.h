@@ -7,8 +7,11 @@
 // of every region exchange proposals on link channel kGenerationChannel until all of them propose
 // the same number g; each then answers its rank with g. Proposals only grow: a gateway proposes
 // max(its agreed generation + 1, every peer's last proposal, every peer's agreed generation + 1),
-// and raises its proposal whenever a peer proposes more, so a restarted gateway (which remembers
-// nothing) and the survivors meet at the survivors' next number. The comm numbers its own
+// and raises its proposal whenever a peer proposes more. A gateway proposes nothing before it has
+// heard every peer's state for the job since it started (its first join asks for it with
+// proposal 0): a restarted gateway, which remembers nothing, must not mistake the survivors'
+// generation g -- agreed with its previous life -- for agreement on g with it; it proposes g + 1,
+// and the survivors' steps of g end at once (next paragraph). The comm numbers its own
 // operations 0, 1, 2, ... within g; an operation's identity is (job, g, sequence, tensor key,
 // dtype, op, count, ...), and its op id is a hash of all of it, so contributions of different
 // steps never meet.
@@ -32,8 +35,16 @@
 //     2    2 job length J (1..kMaxGenerationJobBytes)
 //     4    8 join/state: the sender's proposal; announce: the generation
 //    12    8 join/state: the sender's agreed generation; announce: the sequence
-//    20    J job
-//    20+J  . announce: the identity text (at most kMaxIdentityBytes)
+//    20    8 join/state: the sender's resume position (below); announce: 0
+//    28    J job
+//    28+J  . announce: the identity text (at most kMaxIdentityBytes)
+//
+// Resume positions: a joining rank may say how many all-reduces of the job its process completed
+// (kJoinJob's resume). A step can succeed in some regions and fail in one whose gateway was
+// killed after it confirmed the result (Commit) and before its rank read it: no protocol closes
+// that window. Then the regions' ranks would go on one step apart, so a join whose regions
+// resume at different positions is refused everywhere with kFailedPrecondition naming them --
+// a clear error instead of a silent sum of different steps.
 // A message of another version, an unknown kind or a bad length is refused with kDataLoss naming
 // the field (the caller logs it and drops the message).
 //
@@ -80,14 +91,18 @@ class Generations {
   // Starts (or continues) this gateway's join of `job`: fixes its proposal by the rule above and
   // returns the kJoin message to send to every peer. Operations of `job` in flight here with an
   // older generation are to be aborted: their op ids and the reason are appended to `aborts`.
-  std::vector<uint8_t> BeginJoin(const std::string& job,
+  // `resume`: the joining rank's position (0 = unknown; see "Resume positions").
+  std::vector<uint8_t> BeginJoin(const std::string& job, uint64_t resume,
                                  std::vector<std::pair<uint64_t, Status>>* aborts);
   // Waits until every peer's last proposal equals this gateway's (the join is then agreed: the
   // generation becomes the job's current one) or `slice` passes (kDeadlineExceeded naming the
-  // regions not there yet) or `stop` returns true (kUnavailable). Call again after resending
-  // JoinMessage to Missing() peers.
+  // regions not there yet) or `stop` returns true (kUnavailable). Returns kDeadlineExceeded early
+  // when this gateway's proposal changed (a peer proposed more, or every peer's state is known
+  // now): call again after sending StateMessage(kJoin) to Missing() peers. New aborts (steps of
+  // generations the new proposal replaces) are appended to `aborts`.
   StatusOr<uint64_t> AwaitJoin(const std::string& job, Deadline slice,
-                               const std::function<bool()>& stop);
+                               const std::function<bool()>& stop,
+                               std::vector<std::pair<uint64_t, Status>>* aborts = nullptr);
   // Peers whose last proposal differs from this gateway's (the ones to send JoinMessage again).
   std::vector<int> Missing(const std::string& job) const;
   // This gateway's state for `job` as a kJoin (want a reply) or kState message.
@@ -118,10 +133,18 @@ class Generations {
   struct PeerState {
     uint64_t proposal = 0;
     uint64_t current = 0;
+    bool heard = false;  // a message came from it since this process started
+    uint64_t resume = 0;
   };
   struct Job {
     uint64_t current = 0;   // agreed generation (0 = none yet)
     uint64_t proposal = 0;  // >= current; > current while a join is pending
+    bool joining = false;   // a local join waits
+    uint64_t resume = 0;    // the local joining rank's position
+    Status refused;         // the last join's refusal (positions differ), until the next join
+    // What this gateway offers peers: its proposal, or 0 while a join waits to hear every peer
+    // before it proposes (a question, which matches no proposal).
+    uint64_t Offer() const { return joining && proposal <= current ? 0 : proposal; }
     std::vector<PeerState> peers;
     // (generation, sequence) -> peer -> identity text, of announcements not yet matched; a few
     // hundred kept (older ones dropped first).
@@ -136,6 +159,9 @@ class Generations {
   };
 
   Job& JobLocked(const std::string& job);
+  // Raises j's proposal by the rule above (the first one of a join only once every peer was heard
+  // from); true if it changed.
+  bool RaiseLocked(Job& j) const;
   // The highest generation any region proposed or agreed for `j`, and who (for errors).
   std::pair<uint64_t, int> NewestLocked(const Job& j) const;
   void SupersededLocked(const std::string& job, uint64_t newer, int by,

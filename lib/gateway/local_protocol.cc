@@ -200,6 +200,7 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.Str(m.job);
       w.U64(m.scope);
       w.U32(m.timeout_ms);
+      w.U64(m.resume);
       break;
     case MessageType::kStats:
       break;
@@ -341,6 +342,7 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       m.job = r.Str("job", kMaxNameBytes, true);
       m.scope = r.Le(8, "scope");
       m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      m.resume = r.Le(8, "resume");
       break;
     case MessageType::kStats:
     case MessageType::kTunnelListen:

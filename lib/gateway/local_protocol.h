@@ -32,7 +32,10 @@
 //                 Every rank of every region receives byte-identical frames. Tensors with fewer
 //                 blocks than regions are reduced exactly in fp32 from the decoded frames and the
 //                 result quantized (round to nearest) by each gateway alike, still identical.
-//   kJoinJob (12) string job, u64 scope, u32 timeout_ms (0 = the gateway's allreduce.deadline):
+//   kJoinJob (12) string job, u64 scope, u32 timeout_ms (0 = the gateway's allreduce.deadline),
+//                 u64 resume (0 = unknown, else 1 + the all-reduces the rank's process completed
+//                 for the job before: regions whose ranks resume at different steps are refused
+//                 with kFailedPrecondition naming them, see generation.h):
 //                 joins the next generation of (job, scope) -- scope 0 for a rank's comm, a
 //                 comm id where one process runs several comms of a job at once (CollNet) -- with the gateways of every other region (the same shard
 //                 index); blocks until all of them joined the same generation. Reply data: u64
@@ -163,6 +166,7 @@ struct Message {
   uint64_t generation = 0;
   uint64_t sequence = 0;
   uint64_t scope = 0;  // and kJoinJob: which of the job's comms (0 = a rank's one comm)
+  uint64_t resume = 0;  // kJoinJob: 0 = unknown, else 1 + the steps the rank completed before
   // kTunnelConnect (tunnel_region, tunnel_shard, listen_id, timeout_ms), kTunnelAccept
   // (tunnel_id), kTunnelData (tag, data); kTunnelClose uses code and text.
   std::string tunnel_region;

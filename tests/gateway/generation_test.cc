@@ -34,14 +34,19 @@ class GenerationsTest : public ::testing::Test {
     }
     return aborts;
   }
+  // AwaitJoin, again after each raise of the proposal (the gateway then resends; here every
+  // delivery is explicit, so the caller does).
   StatusOr<uint64_t> Await(int r, const std::string& job) {
-    return g_[r]->AwaitJoin(job, Deadline::After(1'000'000), {});
+    for (;;) {
+      auto got = g_[r]->AwaitJoin(job, Deadline::After(1'000'000), {});
+      if (got.ok() || got.status().message().rfind("proposal raised", 0) != 0) return got;
+    }
   }
   // Every gateway joins `job`, then everyone hears everyone: returns the generation each agreed.
   std::vector<uint64_t> JoinAll(const std::string& job) {
     std::vector<std::pair<uint64_t, Status>> aborts;
     std::vector<std::vector<uint8_t>> msgs;
-    for (int r = 0; r < 3; ++r) msgs.push_back(g_[r]->BeginJoin(job, &aborts));
+    for (int r = 0; r < 3; ++r) msgs.push_back(g_[r]->BeginJoin(job, 0, &aborts));
     for (int r = 0; r < 3; ++r) Broadcast(r, msgs[static_cast<size_t>(r)]);
     std::vector<uint64_t> out;
     for (int round = 0; round < 3 && out.size() < 3; ++round) {
@@ -70,8 +75,14 @@ TEST_F(GenerationsTest, AllJoinTheSameFirstGeneration) {
 
 TEST_F(GenerationsTest, AJoinWaitsForEveryRegionAndNamesTheMissingOnes) {
   std::vector<std::pair<uint64_t, Status>> aborts;
-  Broadcast(0, g_[0]->BeginJoin("job", &aborts));
-  Broadcast(1, g_[1]->BeginJoin("job", &aborts));
+  Broadcast(0, g_[0]->BeginJoin("job", 0, &aborts));
+  Broadcast(1, g_[1]->BeginJoin("job", 0, &aborts));
+  for (int round = 0; round < 2; ++round) {  // the gateways resend while they wait
+    for (int r : {0, 1}) {
+      EXPECT_FALSE(Await(r, "job").ok());
+      Broadcast(r, g_[r]->StateMessage("job", GenerationMessageKind::kJoin));
+    }
+  }
   auto got = Await(0, "job");
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded);
@@ -87,13 +98,57 @@ TEST_F(GenerationsTest, ARestartedGatewayMeetsTheSurvivorsAtTheirNextGeneration)
   EXPECT_EQ(JoinAll("job"), (std::vector<uint64_t>{3, 3, 3}));
 }
 
+// What the restart soak caught: the survivors agreed generation 1 with r0's previous life and
+// still run a step of it; the restarted r0 must not take their "1" for agreement with it.
+TEST_F(GenerationsTest, ARestartedGatewayNeverAgreesOnTheSurvivorsOldGeneration) {
+  ASSERT_EQ(JoinAll("job"), (std::vector<uint64_t>{1, 1, 1}));
+  std::vector<uint8_t> announce;
+  ASSERT_TRUE(g_[1]->BeginOp("job", 1, 3, "all-reduce key=k", 7, &announce).ok());
+  g_[0] = std::make_unique<Generations>(0, names_);
+  std::vector<std::pair<uint64_t, Status>> aborts;
+  auto question = g_[0]->BeginJoin("job", 0, &aborts);
+  Broadcast(0, question);  // the survivors answer with (1, 1): r0 now knows their state
+  auto first = Await(0, "job");
+  ASSERT_FALSE(first.ok()) << "agreed " << *first << " with nobody";
+  // r0 proposes 2; telling the survivors ends their step of generation 1 at once.
+  auto offer = g_[0]->StateMessage("job", GenerationMessageKind::kJoin);
+  const auto ended = Broadcast(0, offer);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].first, 7u);
+  EXPECT_FALSE(Await(0, "job").ok());  // the survivors' ranks have not joined again yet
+  EXPECT_TRUE(g_[1]->EndOp(7).ok());
+  EXPECT_EQ(JoinAll("job"), (std::vector<uint64_t>{2, 2, 2}));
+}
+
+// A step that completed in some regions only (a gateway killed between its commit and its rank's
+// read): the ranks would go on one step apart, so every region's join says so instead.
+TEST_F(GenerationsTest, RanksResumingAtDifferentStepsAreRefusedEverywhere) {
+  std::vector<std::pair<uint64_t, Status>> aborts;
+  const uint64_t resume[3] = {11, 11, 10};  // 1 + steps completed: r2 lost step 10's result
+  for (int r = 0; r < 3; ++r) Broadcast(r, g_[r]->BeginJoin("job", resume[r], &aborts));
+  bool refused[3] = {false, false, false};
+  for (int round = 0; round < 4; ++round) {
+    for (int r = 0; r < 3; ++r) {
+      auto got = g_[r]->AwaitJoin("job", Deadline::After(1'000'000), {});
+      if (!got.ok() && got.status().code() == StatusCode::kFailedPrecondition) {
+        refused[r] = true;
+        EXPECT_NE(got.status().message().find("r0 10, r1 10, r2 9"), std::string::npos)
+            << got.status();
+      }
+      EXPECT_FALSE(got.ok()) << "r" << r << " joined although r2 is a step behind";
+      Broadcast(r, g_[r]->StateMessage("job", GenerationMessageKind::kJoin));
+    }
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(refused[r]) << "r" << r << " was not told";
+}
+
 TEST_F(GenerationsTest, ANewerGenerationAbortsOlderStepsAndRefusesLaterOnes) {
   ASSERT_EQ(JoinAll("job"), (std::vector<uint64_t>{1, 1, 1}));
   std::vector<uint8_t> announce;
   ASSERT_TRUE(g_[1]->BeginOp("job", 1, 0, "all-reduce key=k", 42, &announce).ok());
   // r0's ranks failed and created a new comm: r1's step of generation 1 ends at once.
   std::vector<std::pair<uint64_t, Status>> aborts;
-  auto join = g_[0]->BeginJoin("job", &aborts);
+  auto join = g_[0]->BeginJoin("job", 0, &aborts);
   auto e = g_[1]->OnMessage(0, join);
   ASSERT_TRUE(e.ok());
   ASSERT_EQ(e->aborts.size(), 1u);
@@ -146,7 +201,7 @@ TEST_F(GenerationsTest, BadMessagesAreRefusedWithTheField) {
   EXPECT_EQ(g_[0]->OnMessage(1, std::vector<uint8_t>(5, 0)).status().code(),
             StatusCode::kDataLoss);
   std::vector<std::pair<uint64_t, Status>> aborts;
-  auto m = g_[1]->BeginJoin("job", &aborts);
+  auto m = g_[1]->BeginJoin("job", 0, &aborts);
   auto wrong_version = m;
   wrong_version[0] = 9;
   EXPECT_NE(g_[0]->OnMessage(1, wrong_version).status().message().find("version 9"),

@@ -591,7 +591,7 @@ TEST(LocalProtocol, JoinAndOperationIdentityRoundTrip) {
   body.resize(body.size() - 6);
   auto cut = DecodeMessage(body);
   EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(cut.status().message().find("scope"), std::string::npos) << cut.status();
+  EXPECT_NE(cut.status().message().find("resume"), std::string::npos) << cut.status();
 }
 
 }  // namespace
