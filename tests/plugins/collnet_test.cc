@@ -390,6 +390,9 @@ class FakeGateway {
       reply.reply_to = m->type;
       if (m->type == MessageType::kTunnelListen) {
         reply.data = gateway::EncodeTunnelEvent({gateway::TunnelEventKind::kListening, 1, 0, "us"});
+      } else if (m->type == MessageType::kJoinJob) {
+        reply.data.assign(8, 0);  // generation 1 (a region of one: nobody to agree with)
+        reply.data[0] = 1;
       } else if (m->type == MessageType::kRegionAllReduce) {
         if (++region_allreduces_ > answered_) break;  // "dies" mid-operation
         std::lock_guard<std::mutex> lock(mu_);
