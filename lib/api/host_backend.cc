@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "collective/plan.h"
 #include "common/clock.h"
 #include "common/endian.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "gateway/client.h"
 #include "net/link.h"
@@ -51,8 +53,10 @@ struct FramePath {
   // All-reduces `n` elements at `data` in place as a frame; false when the gateway refused the
   // frame before the operation started (the caller sends the tensor raw instead: every region's
   // gateway refuses alike, so every rank falls back alike).
+  // `recover`: what to do when the gateway went away during the step (HostComm::RecoverStep).
   StatusOr<bool> Run(gateway::Client& client, const std::string& job, const std::string& key,
-                     DataType dtype, ReduceOp op, uint8_t* data, size_t n, Deadline deadline) {
+                     DataType dtype, ReduceOp op, uint8_t* data, size_t n, Deadline deadline,
+                     const std::function<StatusOr<std::vector<uint8_t>>(const Status&)>& recover) {
     if (auto it = refused.find(key); it != refused.end() && it->second == n) return false;
     CodecOptions o;
     o.codec = policy->codec;  // the default block size, round to nearest
@@ -69,6 +73,15 @@ struct FramePath {
                                                : encoder.Encode(data, n, dtype, o, &frame));
     std::vector<uint8_t> result;
     Status s = client.AllReduceFrame(job, key, op, frame, &result, deadline);
+    if (!s.ok() && client.broken()) {
+      auto recovered = recover(s);
+      if (recovered.ok()) {
+        result = std::move(recovered).value();
+        s = Status::Ok();
+      } else {
+        s = recovered.status();
+      }
+    }
     if (s.code() == StatusCode::kFailedPrecondition) {
       if (residual != nullptr) *residual = std::move(saved);  // this step was not sent so
       refused[key] = n;
@@ -236,6 +249,35 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
   return comm;
 }
 
+StatusOr<std::vector<uint8_t>> HostComm::RecoverStep(const Status& failure, Deadline deadline) {
+  Impl& g = *impl_;
+  const auto [generation, sequence] = g.client->LastIdentity(options_.job);
+  if (generation == 0) return failure;
+  recovered_ = true;  // whatever comes of it, this comm's generation is over
+  STRAIT_LOG(kInfo, "api") << "gateway " << options_.gateway << " went away during step "
+                           << sequence << " of generation " << generation << " (" << failure
+                           << "); asking the restarted gateway for its committed result";
+  Status last = failure;
+  while (!deadline.Expired()) {
+    auto client = gateway::Client::Connect(
+        options_.gateway, deadline, "strait-api " + options_.region + "/rank" +
+                                        std::to_string(options_.rank) + " (recovery)");
+    if (client.ok()) {
+      auto policy = (*client)->RegisterJob(options_.job, options_.compression, deadline);
+      if (!policy.ok()) return failure.WithContext(policy.status().ToString());
+      auto data = (*client)->FetchResult(options_.job, generation, sequence, deadline);
+      g.client = std::move(client).value();
+      if (data.ok()) return data;
+      return failure.WithContext("and its result could not be recovered: " +
+                                 data.status().ToString());
+    }
+    last = client.status();
+    // The daemon restarts (systemd, Kubernetes): a fifth of a second between tries.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return failure.WithContext("the gateway did not come back in time: " + last.ToString());
+}
+
 Status HostComm::Failure() {
   std::lock_guard<std::mutex> lock(mu_);
   return failed_;
@@ -250,9 +292,12 @@ Status HostComm::AllReduce(const void* send, void* recv, size_t count, DataType 
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.ok()) {
-    return FailedPreconditionError("an earlier all-reduce on this comm failed (" +
-                                   failed_.ToString() +
-                                   "); destroy the comm and create a new one on every rank");
+    Status s = FailedPreconditionError("an earlier all-reduce on this comm failed (" +
+                                       failed_.ToString() +
+                                       "); destroy the comm and create a new one on every rank");
+    // The region's other ranks are in this step: end it for them at once, not at its deadline.
+    if (options_.nranks > 1) impl_->transport->Abort(next_op_++ & collective::kOpIdMask, s);
+    return s;
   }
   Status s;
   if (count > 0) {
@@ -263,6 +308,14 @@ Status HostComm::AllReduce(const void* send, void* recv, size_t count, DataType 
   if (!s.ok()) {
     failed_ = s;
     return s;
+  }
+  if (recovered_) {
+    // This step's result came back from the other regions after the gateway restarted; the
+    // comm's generation is gone with it, so the next call fails (every region's next step
+    // fails alike) and the new comms start together.
+    failed_ = UnavailableError("the gateway " + options_.gateway +
+                               " restarted during the previous step (its result was recovered "
+                               "from the other regions)");
   }
   std::lock_guard<std::mutex> steps(g_steps_mu);
   ++CompletedSteps()[options_.job];
@@ -322,19 +375,39 @@ Status HostComm::RunAllReduce(uint8_t* data, size_t count, DataType dtype, Reduc
       const size_t begin = shard.begin + k * piece;
       const size_t n = std::min(piece, shard.begin + shard.count - begin);
       const std::string piece_key = pieces == 1 ? key : key + ":part" + std::to_string(k);
+      if (recovered_) {
+        // The gateway restarted during an earlier piece of this step: the rest cannot go on in
+        // the old generation, so the step fails here as in every other region.
+        return UnavailableError("the gateway " + options_.gateway +
+                                " restarted during this step; destroy the comm and create a new "
+                                "one on every rank");
+      }
+      const auto recover = [&](const Status& failure) { return RecoverStep(failure, sub); };
       if (float_path && g.frames->policy.has_value()) {
         auto sent = g.frames->Run(*g.client, options_.job, piece_key, dtype, op,
-                                  data + begin * elem, n, sub);
+                                  data + begin * elem, n, sub, recover);
         if (!sent.ok()) {
           return sent.status().WithContext("cross-region phase of shard " + std::to_string(me) +
                                            " through " + options_.gateway + " (as a frame)");
         }
         if (*sent) continue;
       }
-      STRAIT_RETURN_IF_ERROR(
-          g.client->AllReduce(options_.job, piece_key, dtype, op, data + begin * elem, n, sub)
-              .WithContext("cross-region phase of shard " + std::to_string(me) + " through " +
-                           options_.gateway));
+      Status s =
+          g.client->AllReduce(options_.job, piece_key, dtype, op, data + begin * elem, n, sub);
+      if (!s.ok() && g.client->broken()) {
+        auto recovered = recover(s);
+        if (recovered.ok() && recovered->size() == n * elem) {
+          std::memcpy(data + begin * elem, recovered->data(), recovered->size());
+          s = Status::Ok();
+        } else if (recovered.ok()) {
+          s = DataLossError("the recovered result is " + std::to_string(recovered->size()) +
+                            " bytes, not " + std::to_string(n * elem));
+        } else {
+          s = recovered.status();
+        }
+      }
+      STRAIT_RETURN_IF_ERROR(s.WithContext("cross-region phase of shard " + std::to_string(me) +
+                                           " through " + options_.gateway));
     }
     if (!float_path && op == ReduceOp::kAvg) {
       STRAIT_RETURN_IF_ERROR(

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "api/backend.h"
+#include "common/clock.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
@@ -103,6 +104,11 @@ class HostComm final : public Backend {
   explicit HostComm(HostCommOptions options);
   Status RunAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
                       const std::string& tensor_key);
+  // The gateway went away during this rank's cross-region step (`failure`): reconnects (its
+  // restart may take a while; until `deadline`) and asks it for the step's committed result,
+  // which it gets from the other regions (kFetchResult; a step the regions committed). Returns
+  // that reply data, or the step's failure. The comm is failed after the call either way.
+  StatusOr<std::vector<uint8_t>> RecoverStep(const Status& failure, Deadline deadline);
 
   const HostCommOptions options_;
   std::string policy_;
@@ -110,6 +116,7 @@ class HostComm final : public Backend {
   std::mutex mu_;
   uint64_t next_op_ = 1;
   Status failed_;  // the first failure; set once
+  bool recovered_ = false;  // RecoverStep ran: this comm's generation is over
 };
 
 }  // namespace strait::api

@@ -170,7 +170,37 @@ Status Client::NextIdentity(const std::string& job, Deadline deadline, Message* 
   }
   m->generation = it->second.generation;
   m->sequence = it->second.next++;
+  it->second.last = {m->generation, m->sequence};
   return Status::Ok();
+}
+
+bool Client::broken() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
+std::pair<uint64_t, uint64_t> Client::LastIdentity(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(job);
+  return it == sessions_.end() ? std::pair<uint64_t, uint64_t>{0, 0} : it->second.last;
+}
+
+StatusOr<std::vector<uint8_t>> Client::FetchResult(const std::string& job, uint64_t generation,
+                                                   uint64_t sequence, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Message m;
+  m.type = MessageType::kFetchResult;
+  m.job = job;
+  m.generation = generation;
+  m.sequence = sequence;
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  const Deadline reply_by =
+      deadline.IsInfinite() ? deadline
+                            : Deadline::After(deadline.RemainingNanos() + 500'000'000);
+  STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, reply_by));
+  if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
+  return std::move(reply.data);
 }
 
 Status Client::Finished(const std::string& job, Status s, bool refused) {

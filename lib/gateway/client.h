@@ -20,6 +20,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -85,6 +86,17 @@ class Client {
                         std::span<const uint8_t> frame_in, std::vector<uint8_t>* frame_out,
                         Deadline deadline);
 
+  // Result recovery (kFetchResult in local_protocol.h): the reply data of the committed step
+  // (generation, sequence) of `job` -- the tensor, or the result frame -- from this gateway or,
+  // through it, from another region's. kNotFound when the step failed in every region.
+  StatusOr<std::vector<uint8_t>> FetchResult(const std::string& job, uint64_t generation,
+                                             uint64_t sequence, Deadline deadline);
+  // Whether the connection failed (the gateway went away or broke the framing): later calls
+  // fail; connect again. And the (generation, sequence) of the job's last request sent, (0, 0)
+  // if none: what FetchResult asks for after the gateway went away during that request.
+  bool broken();
+  std::pair<uint64_t, uint64_t> LastIdentity(const std::string& job);
+
   // The gateway's counters as text.
   StatusOr<std::string> Stats(Deadline deadline);
 
@@ -108,6 +120,7 @@ class Client {
     uint64_t generation = 0;
     uint64_t next = 0;
     bool rejoin = true;
+    std::pair<uint64_t, uint64_t> last{0, 0};  // (generation, sequence) of the last request
   };
   StatusOr<uint64_t> JoinLocked(const std::string& job, Deadline deadline, uint64_t resume = 0);
   // Fills m's (generation, sequence), joining first where needed.

@@ -119,6 +119,12 @@ void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8
     return;
   }
   if (channel == kGenerationChannel) {  // generations and operation identities
+    if (message.size() >= 2 &&
+        (message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetch) ||
+         message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetched))) {
+      OnFetchMessage(peer, message);
+      return;
+    }
     auto effects = generations->OnMessage(peer, message);
     if (!effects.ok()) {
       STRAIT_LOG(kWarn, kLog) << "bad generation message from "
@@ -286,6 +292,115 @@ Status Gateway::Impl::Commit(uint64_t op_id, Deadline deadline) {
     }
   }
   return Status::Ok();
+}
+
+void Gateway::Impl::OnFetchMessage(int peer, std::span<const uint8_t> m) {
+  constexpr size_t kHead = kGenerationHeaderBytes;
+  const size_t job_len = m.size() >= kHead ? GetU16(m.data() + 2) : 0;
+  if (m.size() < kHead || m[0] != kGenerationMessageVersion || job_len == 0 ||
+      kHead + job_len > m.size()) {
+    STRAIT_LOG(kWarn, kLog) << "bad result-recovery message from "
+                            << world[static_cast<size_t>(peer)] << " (" << m.size() << " bytes)";
+    return;
+  }
+  const uint64_t generation = GetU64(m.data() + 4);
+  const uint64_t sequence = GetU64(m.data() + 12);
+  const std::string key(reinterpret_cast<const char*>(m.data() + kHead), job_len);
+  if (m[1] == static_cast<uint8_t>(GenerationMessageKind::kFetch)) {
+    std::vector<uint8_t> answer;
+    {
+      std::lock_guard<std::mutex> lock(committed_mu);
+      auto it = committed.find(key);
+      const bool found = it != committed.end() && it->second.generation == generation &&
+                         it->second.sequence == sequence;
+      answer = EncodeGenerationMessage(GenerationMessageKind::kFetched, key, generation, sequence,
+                                       found ? 1 : 0,
+                                       found ? std::span<const uint8_t>(it->second.data)
+                                             : std::span<const uint8_t>());
+    }
+    if (std::shared_ptr<net::Link> link = LinkTo(peer)) {
+      link->Send(kGenerationChannel, std::move(answer), Deadline::AfterSeconds(60), [](Status) {});
+    }
+    return;
+  }
+  std::lock_guard<std::mutex> lock(committed_mu);
+  auto it = fetches.find({key, generation, sequence});
+  if (it == fetches.end()) return;  // nobody waits any more
+  ++it->second.answers;
+  if (GetU64(m.data() + 20) == 1 && !it->second.found) {
+    it->second.found = true;
+    it->second.data.assign(m.begin() + static_cast<std::ptrdiff_t>(kHead + job_len), m.end());
+  }
+  fetch_cv.notify_all();
+}
+
+Message Gateway::Impl::HandleFetch(Message& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (jobs.find(request.job) == jobs.end()) {
+      return Reply(request.type, FailedPreconditionError("job \"" + request.job +
+                                                         "\" is not registered; send "
+                                                         "register-job with its policy first"));
+    }
+    if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+      ++refused_requests;
+      return Reply(request.type, owner);
+    }
+  }
+  int64_t budget = config.allreduce_deadline_ns;
+  if (request.timeout_ms > 0) budget = std::min<int64_t>(budget, request.timeout_ms * 1'000'000ll);
+  const Deadline deadline = Deadline::After(budget);
+  const std::string key = GenerationKey(request.job, request.scope);
+  const auto id = std::make_tuple(key, request.generation, request.sequence);
+  const std::string what = "job \"" + request.job + "\" generation " +
+                           std::to_string(request.generation) + " step " +
+                           std::to_string(request.sequence);
+  {
+    std::lock_guard<std::mutex> lock(committed_mu);
+    if (auto it = committed.find(key); it != committed.end() &&
+                                       it->second.generation == request.generation &&
+                                       it->second.sequence == request.sequence) {
+      Message m = Reply(request.type, Status::Ok());
+      m.data = it->second.data;
+      return m;
+    }
+    fetches[id];
+  }
+  struct Forget {
+    Impl* g;
+    std::tuple<std::string, uint64_t, uint64_t> id;
+    ~Forget() {
+      std::lock_guard<std::mutex> lock(g->committed_mu);
+      g->fetches.erase(id);
+    }
+  } forget{this, id};
+  if (Status s = WaitForLinks(deadline); !s.ok()) {
+    return Reply(request.type, s.WithContext("recovering the result of " + what));
+  }
+  SendToPeers(kGenerationChannel,
+              EncodeGenerationMessage(GenerationMessageKind::kFetch, key, request.generation,
+                                      request.sequence, 0));
+  std::unique_lock<std::mutex> lock(committed_mu);
+  const int peers = static_cast<int>(world.size()) - 1;
+  for (;;) {
+    Fetch& f = fetches[id];
+    if (f.found) {
+      STRAIT_LOG(kInfo, kLog) << "recovered the result of " << what << " from a peer region";
+      Message m = Reply(request.type, Status::Ok());
+      m.data = std::move(f.data);
+      return m;
+    }
+    if (f.answers >= peers) {
+      return Reply(request.type,
+                   NotFoundError("no region holds a committed result of " + what +
+                                 ": the step failed in every region"));
+    }
+    if (deadline.Expired() || stopping.load()) {
+      return Reply(request.type, DeadlineExceededError("no region answered for the result of " +
+                                                       what + " in time"));
+    }
+    fetch_cv.wait_for(lock, std::chrono::milliseconds(50));
+  }
 }
 
 Message Gateway::Impl::HandleJoin(Message& request) {
@@ -505,7 +620,7 @@ void Gateway::Impl::ServeConnection(int fd) {
       ++bad_requests;
       const uint8_t t = body[0];
       const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
-                         t == 11 || t == 12 ||             // 11: all-reduce of a frame, 12: join
+                         t == 11 || t == 12 || t == 13 ||  // 11: frame all-reduce, 12: join, 13: fetch
                          (t >= 5 && t <= 9);               // 5..9: tunnels
       reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
                     decoded.WithContext("bad request"));
@@ -574,6 +689,7 @@ Message Gateway::Impl::Handle(Message& request) {
     case MessageType::kRegionAllReduce:
     case MessageType::kAllReduceFrame: return HandleAllReduce(request);
     case MessageType::kJoinJob: return HandleJoin(request);
+    case MessageType::kFetchResult: return HandleFetch(request);
     case MessageType::kStats: {
       Message m = Reply(request.type, Status::Ok());
       std::ostringstream os;
@@ -842,6 +958,15 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
         !e.ok()) {
       return Reply(request.type, e.WithContext("encoding the result frame"));
     }
+  }
+  if (request.type != MessageType::kRegionAllReduce) {
+    // Kept until the job's next step commits: what a rank whose gateway dies before it read
+    // this reply gets back from the other regions (HandleFetch).
+    std::lock_guard<std::mutex> lock(committed_mu);
+    Committed& c = committed[GenerationKey(request.job, request.scope)];
+    c.generation = request.generation;
+    c.sequence = request.sequence;
+    c.data.assign(reply.data.begin(), reply.data.end());
   }
   reply.text = tc.ToString();
   if (request.type == MessageType::kRegionAllReduce) {

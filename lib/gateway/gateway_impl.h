@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -201,6 +203,27 @@ struct Gateway::Impl {
   // kJoinJob: agrees on the job's next generation with every peer (generation.h); blocks up to
   // the request's deadline.
   Message HandleJoin(Message& request);
+
+  // Recovering a step's result (kFetchResult; see "Result recovery" in local_protocol.h): each
+  // gateway keeps the result of the last step it committed per (job, scope); a rank whose
+  // gateway was killed after the commit asks its restarted gateway, which asks the peers.
+  struct Committed {
+    uint64_t generation = 0;
+    uint64_t sequence = 0;
+    std::vector<uint8_t> data;  // what the all-reduce's reply carried (tensor or frame)
+  };
+  std::mutex committed_mu;
+  std::map<std::string, Committed> committed;  // by generation key
+  struct Fetch {
+    int answers = 0;
+    bool found = false;
+    std::vector<uint8_t> data;
+  };
+  std::condition_variable fetch_cv;
+  std::map<std::tuple<std::string, uint64_t, uint64_t>, Fetch> fetches;  // under committed_mu
+  Message HandleFetch(Message& request);
+  // Generation-channel kinds kFetch / kFetched from `peer` (I/O thread; never blocks).
+  void OnFetchMessage(int peer, std::span<const uint8_t> message);
   // After a successful all-reduce: every gateway confirms it holds the result before any
   // answers its rank, so a step fails in every region or in none (short of a crash in the few
   // microseconds between two sends).

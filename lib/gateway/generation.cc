@@ -11,14 +11,25 @@
 namespace strait::gateway {
 namespace {
 
-constexpr size_t kHeaderBytes = 28;
+constexpr size_t kHeaderBytes = kGenerationHeaderBytes;
 // Announcements kept per job: a peer's operations run at most a few steps ahead of ours.
 constexpr size_t kMaxAnnouncedSteps = 256;
 
 std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, uint64_t a,
                             uint64_t b, uint64_t c, const std::string& text = {}) {
+  return EncodeGenerationMessage(
+      kind, job, a, b, c,
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                               std::min(text.size(), kMaxIdentityBytes)));
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeGenerationMessage(GenerationMessageKind kind, const std::string& job,
+                                             uint64_t a, uint64_t b, uint64_t c,
+                                             std::span<const uint8_t> payload) {
   const size_t j = std::min(job.size(), kMaxGenerationJobBytes);
-  const size_t t = std::min(text.size(), kMaxIdentityBytes);
+  const size_t t = payload.size();
   std::vector<uint8_t> m(kHeaderBytes + j + t);
   m[0] = kGenerationMessageVersion;
   m[1] = static_cast<uint8_t>(kind);
@@ -27,11 +38,9 @@ std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, 
   PutU64(m.data() + 12, b);
   PutU64(m.data() + 20, c);
   std::memcpy(m.data() + kHeaderBytes, job.data(), j);
-  if (t > 0) std::memcpy(m.data() + kHeaderBytes + j, text.data(), t);
+  if (t > 0) std::memcpy(m.data() + kHeaderBytes + j, payload.data(), t);
   return m;
 }
-
-}  // namespace
 
 Generations::Generations(int rank, std::vector<std::string> names)
     : rank_(rank), names_(std::move(names)) {}

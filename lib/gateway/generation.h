@@ -37,7 +37,9 @@
 //    12    8 join/state: the sender's agreed generation; announce: the sequence
 //    20    8 join/state: the sender's resume position (below); announce: 0
 //    28    J job
-//    28+J  . announce: the identity text (at most kMaxIdentityBytes)
+//    28+J  . announce: the identity text (at most kMaxIdentityBytes); fetched: the result
+// Kinds 4 and 5 (kFetch: generation, sequence; kFetched: generation, sequence, found 0/1, then
+// the result) are the gateway's result recovery (gateway_impl.h); Generations refuses them.
 //
 // Resume positions: a joining rank may say how many all-reduces of the job its process completed
 // (kJoinJob's resume). A step can succeed in some regions and fail in one whose gateway was
@@ -79,7 +81,15 @@ enum class GenerationMessageKind : uint8_t {
   kJoin = 1,
   kState = 2,
   kAnnounce = 3,
+  kFetch = 4,    // "send me your committed result of (generation, sequence)" (the gateway's)
+  kFetched = 5,  // the answer: found (1) and the result as payload, or not (0)
 };
+// The header of every generation-channel message (layout above); kFetch / kFetched use it with
+// (generation, sequence, found) and carry the result after the job.
+inline constexpr size_t kGenerationHeaderBytes = 28;
+std::vector<uint8_t> EncodeGenerationMessage(GenerationMessageKind kind, const std::string& job,
+                                             uint64_t a, uint64_t b, uint64_t c,
+                                             std::span<const uint8_t> payload = {});
 
 class Generations {
  public:

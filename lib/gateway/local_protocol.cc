@@ -112,7 +112,7 @@ Status CheckFrameOp(uint8_t op) {
 }
 
 bool KnownType(uint8_t t) {
-  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 12 || t == 128 ||
+  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 12 || t == 13 || t == 128 ||
          (t >= 5 && t <= 9);  // tunnels
 }
 
@@ -126,6 +126,7 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kRegionAllReduce: return "region-all-reduce";
     case MessageType::kAllReduceFrame: return "all-reduce-frame";
     case MessageType::kJoinJob: return "join-job";
+    case MessageType::kFetchResult: return "fetch-result";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
     case MessageType::kTunnelListen: return "tunnel-listen";
@@ -201,6 +202,14 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.U64(m.scope);
       w.U32(m.timeout_ms);
       w.U64(m.resume);
+      break;
+    case MessageType::kFetchResult:
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      w.Str(m.job);
+      w.U64(m.scope);
+      w.U64(m.generation);
+      w.U64(m.sequence);
+      w.U32(m.timeout_ms);
       break;
     case MessageType::kStats:
       break;
@@ -343,6 +352,13 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       m.scope = r.Le(8, "scope");
       m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
       m.resume = r.Le(8, "resume");
+      break;
+    case MessageType::kFetchResult:
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.scope = r.Le(8, "scope");
+      m.generation = r.Le(8, "generation");
+      m.sequence = r.Le(8, "sequence");
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
       break;
     case MessageType::kStats:
     case MessageType::kTunnelListen:

@@ -41,6 +41,12 @@
 //                 index); blocks until all of them joined the same generation. Reply data: u64
 //                 generation (>= 1). Every comm (host or GPU backend, CollNet) joins once when it
 //                 is created and numbers its operations 0, 1, 2, ... within that generation.
+//   kFetchResult (13) string job, u64 scope, u64 generation, u64 sequence, u32 timeout_ms:
+//                 "Result recovery": the result of a step that the regions committed but whose
+//                 reply this rank never read (its gateway was killed in between; ask the
+//                 restarted one). Reply data: what that all-reduce's reply carried (the tensor,
+//                 or the result frame); kNotFound when no region committed the step (it failed
+//                 everywhere). Each gateway keeps the last committed step per (job, scope).
 //   Tunnels (see "Tunnels" below):
 //   kTunnelListen  (nothing)
 //   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
@@ -142,6 +148,7 @@ enum class MessageType : uint8_t {
   kRegionAllReduce = 10,  // the fields of kAllReduce; hierarchical across the region's gateways
   kAllReduceFrame = 11,   // a pre-quantized codec frame in, the result frame out
   kJoinJob = 12,          // agree on the job's next generation (reply data: u64 generation)
+  kFetchResult = 13,      // a committed step's result, from the other regions if need be
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;

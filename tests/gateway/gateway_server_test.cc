@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -210,6 +211,7 @@ class GatewayPair : public GatewayServer {
     eu.local_socket = dir_ + "/eu.sock";
     eu.peers.clear();
     eu.peers["us"][0] = {"127.0.0.1", gateway_->wan_port()};
+    eu_config_ = eu;
     auto g = Gateway::Start(eu);
     ASSERT_TRUE(g.ok()) << g.status();
     eu_ = std::move(g).value();
@@ -225,6 +227,7 @@ class GatewayPair : public GatewayServer {
     eu_.reset();
     GatewayServer::TearDown();
   }
+  GatewayConfig eu_config_;
   // Both clients all-reduce `count` floats (client c holds c + 1 + i % 5 at i, so the sum is
   // 3 + 2 * (i % 5)); returns how many elements came back wrong on either side.
   size_t AllReduceBoth(const std::string& key, size_t count) {
@@ -312,6 +315,41 @@ TEST_F(GatewayPair, ErrorsBetweenRequestsLeaveTheConnectionWorking) {
   EXPECT_EQ(AllReduceBoth("after2", 33), 0u);
   const std::string stats = gateway_->StatsText();
   EXPECT_NE(stats.find("allreduce_ok 3\n"), std::string::npos) << stats;
+}
+
+// Result recovery (kFetchResult): a rank whose gateway was killed after the step committed, and
+// before the rank read its reply, gets the result from the restarted gateway, which asks the
+// other region; a step that no region committed is kNotFound.
+TEST_F(GatewayPair, ARestartedGatewayRecoversACommittedStepFromItsPeer) {
+  StartBoth();
+  ASSERT_EQ(AllReduceBoth("w", 1000), 0u);
+  const auto [generation, sequence] = clients_[1]->LastIdentity("job");
+  ASSERT_EQ(generation, 1u);
+  ASSERT_EQ(sequence, 0u);
+  auto own = clients_[0]->FetchResult("job", generation, sequence, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_EQ(own->size(), 1000 * sizeof(float));
+  for (size_t i = 0; i < 1000; ++i) {
+    float v;
+    std::memcpy(&v, own->data() + i * sizeof(float), sizeof(v));
+    ASSERT_EQ(v, float(3 + 2 * static_cast<int>(i % 5))) << i;
+  }
+  // "eu" restarts: nothing of the job is left there.
+  clients_.pop_back();
+  eu_.reset();
+  auto g = Gateway::Start(eu_config_);
+  ASSERT_TRUE(g.ok()) << g.status();
+  eu_ = std::move(g).value();
+  auto c = Client::Connect(eu_config_.local_socket, Deadline::AfterSeconds(5), "recovering");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->RegisterJob("job", "none", Deadline::AfterSeconds(5)).ok());
+  auto got = (*c)->FetchResult("job", generation, sequence, Deadline::AfterSeconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == *own) << "the recovered result differs from the committed one";
+  auto none = (*c)->FetchResult("job", generation, sequence + 1, Deadline::AfterSeconds(10));
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status();
+  EXPECT_NE(none.status().message().find("failed in every region"), std::string::npos)
+      << none.status();
 }
 
 TEST_F(GatewayPair, OversizedFrameIsRefusedAndOthersGoOn) {
