@@ -266,10 +266,12 @@ run_scenario() {
   esac
   echo "$(now_ms)" >"$SDIR/faults_end"
 
-  # Every rank stops before the same step, a little past the furthest one.
+  # Every rank stops before the same step, a little past the furthest one logged: +3, because a
+  # rank may finish the step it is in (not logged yet) and start the next before the file
+  # appears (with +2 one rank stopped while two ran a last step alone and failed it).
   local last
   last=$(awk '$1 == "step" && $2 > m { m = $2 } END { print m + 0 }' "$SDIR"/rank_*.log)
-  echo $((last + 2)) >"$SDIR/stop.tmp" && mv "$SDIR/stop.tmp" "$SDIR/stop"
+  echo $((last + 3)) >"$SDIR/stop.tmp" && mv "$SDIR/stop.tmp" "$SDIR/stop"
   local until=$(($(now_ms) + 2 * TIMEOUT_MS + 30000)) p
   : >"$SDIR/hung"
   for p in "${RPIDS[@]}"; do
