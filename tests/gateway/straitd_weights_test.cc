@@ -120,8 +120,9 @@ class StraitdWeights : public ::testing::Test {
   std::vector<size_t> AllReduceAll(const std::string& job, const std::string& key,
                                    const std::vector<std::vector<float>>& inputs) {
     const size_t count = inputs[0].size();
-    const auto [generation, step] = steps_[job];
-    steps_[job].second++;
+    // Plain copies: the threads below capture them (clang 14 cannot capture structured bindings).
+    const uint64_t generation = steps_[job].first;
+    const uint64_t step = steps_[job].second++;
     std::vector<RankResult> results(kRegions);
     std::vector<std::thread> threads;
     for (int r = 0; r < kRegions; ++r) {
