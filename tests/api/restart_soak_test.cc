@@ -517,26 +517,16 @@ TEST_F(RestartSoak, GatewayRestartsNeverMixStepsAndEveryRankRecovers) {
   EXPECT_EQ(wrong, 0) << "successful results that are not the reference";
   EXPECT_EQ(hangs, 0) << "rank processes that hung (did not exit by themselves in time, or "
                          "their watchdog fired)";
-  // A step that succeeded in some regions only (its straitd killed between its commit and its
-  // rank's read) ends the job's ability to go on in step; then every rank must be refused a new
-  // comm with the clear error, and later faults are not expected to recover.
-  int64_t split_ms = -1;
+  // A step that succeeded in some regions only (a straitd killed between its commit and its
+  // rank's read) is recovered from the other regions (kFetchResult), so the job goes on; had it
+  // not been, every later comm would be refused ("regions at different steps") and the job
+  // would end here. That is a failure of this test, named as such.
   for (int r = 0; r < kRegions; ++r) {
-    const int64_t t = SplitRefusedMs(Prefix(r) + ".log");
-    if (t >= 0) split_ms = split_ms < 0 ? t : std::min(split_ms, t);
-  }
-  if (split_ms >= 0) {
-    std::printf(
-        "restart_soak: a step completed in some regions only; every later comm was "
-        "refused (regions at different steps) from %lld ms on\n",
-        static_cast<long long>(split_ms));
-    for (int r = 0; r < kRegions; ++r) {
-      EXPECT_GE(SplitRefusedMs(Prefix(r) + ".log"), 0)
-          << "rank r" << r << " was not told that the regions are at different steps";
-    }
+    EXPECT_LT(SplitRefusedMs(Prefix(r) + ".log"), 0)
+        << "rank r" << r << " was refused a comm because the regions' ranks were at different "
+        << "steps: a step's result was not recovered after its straitd was killed";
   }
   for (const Fault& f : faults) {
-    if (split_ms >= 0 && f.restart_ms + kRecoveryBoundMs >= split_ms) continue;
     for (int r = 0; r < kRegions; ++r) {
       const int64_t t = f.recovered_ms[static_cast<size_t>(r)];
       EXPECT_TRUE(t > 0 && t - f.restart_ms <= kRecoveryBoundMs)
