@@ -895,25 +895,30 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
         req.shard_weights = *std::move(weights);
       }
     }
+    // The region's gateways pair by (job, scope, generation, step, key) alone, so that node
+    // heads that disagree on the count or dtype meet and the region phase names the mismatch.
+    const uint64_t region_op_id = OperationId(
+        request.job, "\x1fregion-side/" + request.tensor_key + "/" + std::to_string(request.scope),
+        word);
     std::vector<uint8_t> announce;
     if (s.ok()) {
       s = generations->BeginOp(GenerationKey(request.job, request.scope), request.generation,
                                request.sequence, identity, req.op_id, &announce);
       began = s.ok();
+      if (!began) {
+        // Refused here (another region announced another identity, or a newer generation):
+        // the peers that run this step must not wait for it -- this region's other gateways
+        // included.
+        transport->Abort(req.op_id, s);
+        if (request.type == MessageType::kRegionAllReduce) region_transport->Abort(region_op_id, s);
+      }
     }
     if (began) SendToPeers(kGenerationChannel, announce);
     const int64_t started = MonotonicNanos();
     if (!s.ok()) {
       // Refused or failed before the operation started: counted below like any failure.
     } else if (request.type == MessageType::kRegionAllReduce) {
-      // The region's gateways pair by (job, scope, generation, step, key) alone, so that node
-      // heads that disagree on the count or dtype meet and the region phase names the mismatch.
-      s = RunRegionAllReduce(
-          req,
-          OperationId(request.job,
-                      "\x1fregion-side/" + request.tensor_key + "/" + std::to_string(request.scope),
-                      word),
-          &stats);
+      s = RunRegionAllReduce(req, region_op_id, &stats);
     } else {
       s = collective::AllReduce(*transport, req, &stats);
       if (s.ok()) s = Commit(req.op_id, deadline);

@@ -188,6 +188,7 @@ class GatewayConnection {
     b.Str(job);
     b.Le(scope, 8);
     b.Le(timeout_ms, 4);
+    b.Le(0, 8);  // resume: unknown (NCCL does not tell the plugin which steps it completed)
     STRAIT_RETURN_IF_ERROR(Send(b.Frame(), nullptr, 0, deadline));
     STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kJoinJob, nullptr, 0, deadline));
     STRAIT_RETURN_IF_ERROR(r.status);
