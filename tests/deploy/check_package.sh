@@ -66,16 +66,17 @@ grep -qxF 'ExecStart=/usr/bin/straitd --config ${STRAITD_CONFIG} $STRAITD_OPTS' 
 plugin=$(find "$root/usr/lib" -name libnccl-net-strait.so | head -n 1)
 if [[ -z $plugin ]]; then
   fail "the .deb lacks libnccl-net-strait.so under /usr/lib"
-elif ! nm -D --defined-only "$plugin" | grep -q ' ncclNetPlugin_v'; then
+elif ! nm -D --defined-only "$plugin" | grep ' ncclNetPlugin_v' >/dev/null; then
   fail "the .deb's ${plugin#"$root"} exports no ncclNetPlugin_v* table"
 fi
 [[ -n $(find "$root/usr/lib" -path '*/cmake/Strait/StraitConfig.cmake') ]] ||
   fail "the .deb lacks /usr/lib/.../cmake/Strait/StraitConfig.cmake"
 # The Python package loads the unpacked libstrait.so.0 (no torch needed for this). A sanitizer
-# build's library needs the ASan runtime first in the (uninstrumented) python3 process.
+# build's library needs the ASan runtime first in the (uninstrumented) python3 process. (grep
+# without -q: under pipefail, -q's early exit can SIGPIPE nm and fail the test by chance.)
 lib=$(find "$root/usr/lib" -name libstrait.so.0 | head -n 1)
 preload=()
-if nm -D --undefined-only "$lib" | grep -q ' __asan_'; then
+if nm -D --undefined-only "$lib" | grep ' __asan_' >/dev/null; then
   preload=(env "LD_PRELOAD=$(clang -print-file-name=libclang_rt.asan-x86_64.so)"
            ASAN_OPTIONS=detect_leaks=0)
 fi
