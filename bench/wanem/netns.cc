@@ -250,6 +250,9 @@ StatusOr<UniqueFd> SetUpRegion(const RegionSetup& setup) {
   STRAIT_RETURN_IF_ERROR(WriteSysctl("net/ipv4/tcp_wmem", "4096 16384 " + max));
   // A cached ssthresh from an earlier flow would make runs depend on their order.
   WriteSysctl("net/ipv4/tcp_no_metrics_save", "1").IgnoreError();
+  // Emulated hosts are tuned as deploy/README.md asks of gateway hosts: without this, a stream
+  // silent for one RTO (a compute phase) restarts in slow start.
+  WriteSysctl("net/ipv4/tcp_slow_start_after_idle", "0").IgnoreError();
   auto avail = ReadSysctl("net/ipv4/tcp_available_congestion_control");
   if (avail.ok() && (" " + *avail + " ").find(" " + setup.cc + " ") == std::string::npos) {
     return InvalidArgumentError("bad --cc '" + setup.cc + "': this kernel offers " + *avail);

@@ -86,4 +86,14 @@ StatusOr<TcpInfo> ReadTcpInfo(int fd) {
   return out;
 }
 
+std::string WanHostTuningAdvice() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_slow_start_after_idle");
+  int value = 0;
+  if (!(in >> value) || value == 0) return "";
+  return "net.ipv4.tcp_slow_start_after_idle=1: every all-reduce after an idle gap (a compute "
+         "phase) restarts TCP slow start on the WAN links and runs below the link rate; set it "
+         "to 0 on gateway hosts (sysctl -w net.ipv4.tcp_slow_start_after_idle=0, or "
+         "/etc/sysctl.d/; in Kubernetes a pod sysctl, see deploy/README.md)";
+}
+
 }  // namespace strait::net

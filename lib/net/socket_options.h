@@ -33,6 +33,15 @@ StatusOr<TcpInfo> ReadTcpInfo(int fd);
 // The kernel's list, e.g. "reno bbr cubic"; "" if unreadable.
 std::string AvailableCongestionControls();
 
+// Host settings that cost a WAN link throughput, one line each ("" when none is found), for
+// the gateway to warn about at start. Today: net.ipv4.tcp_slow_start_after_idle=1 (the Linux
+// default), which drops a stream's congestion window back to its initial 10 packets after one
+// retransmission timeout of silence -- i.e. before every all-reduce that follows a compute
+// phase, so each one begins in slow start (a 12 MiB int8 all-reduce over 3 regions at
+// 100 Mbit/s and 40 ms RTT: 406 ms with it, 300 ms without). Reads the calling thread's
+// network namespace.
+std::string WanHostTuningAdvice();
+
 }  // namespace strait::net
 
 #endif  // STRAIT_LIB_NET_SOCKET_OPTIONS_H_

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -31,6 +32,7 @@
 #include "common/clock.h"
 #include "net/adapt.h"
 #include "net/link.h"
+#include "net/socket_options.h"
 #include "tests/net/test_certs.h"
 
 namespace strait::net {
@@ -290,6 +292,21 @@ void PrintEstimates(const char* what, const LinkEstimates& e, double seconds) {
               static_cast<unsigned long long>(e.chunks_resent),
               static_cast<unsigned long long>(e.stream_failures),
               static_cast<unsigned long long>(e.tcp_retransmissions));
+}
+
+// strait-wanem's hosts are tuned as deploy/README.md asks of gateway hosts, and the advice
+// straitd logs at start reads the namespace it runs in (here: the tuned one).
+TEST_F(NetLinkWan, EmulatedHostsRestartNoSlowStartAfterIdleAndTheAdviceSeesIt) {
+  SKIP_UNLESS_PRIVILEGED();
+  ASSERT_NO_FATAL_FAILURE(StartWan("100mbit,1ms", Options("us", us_, {"eu"})));
+  std::string advice = "unread";
+  ASSERT_TRUE(InNamespace(emu_->NamespaceOf(0), [&] { advice = WanHostTuningAdvice(); }).ok());
+  EXPECT_EQ(advice, "");
+  std::ifstream host("/proc/sys/net/ipv4/tcp_slow_start_after_idle");
+  int value = -1;
+  if (host >> value && value == 1) {
+    EXPECT_NE(WanHostTuningAdvice().find("tcp_slow_start_after_idle=1"), std::string::npos);
+  }
 }
 
 TEST_F(NetLinkWan, LossyLinkDelivers32MiBIntactExactlyOnce) {

@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
+#include "net/socket_options.h"
 
 namespace {
 
@@ -125,6 +126,9 @@ int main(int argc, char** argv) {
               static_cast<unsigned>((*gateway)->wan_port()));
   std::fflush(stdout);
   NotifySystemd("READY=1\nSTATUS=serving " + config->Summary());
+  if (std::string advice = strait::net::WanHostTuningAdvice(); !advice.empty()) {
+    STRAIT_LOG(kWarn, "straitd") << "host tuning: " << advice;
+  }
   int sig = 0;
   // SIGHUP reloads the TLS identity (certificate rotation) without dropping links; a bad new
   // file is logged and the old identity stays in use.
