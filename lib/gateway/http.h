@@ -1,8 +1,13 @@
 // A minimal HTTP/1.1 server for straitd's operational endpoints (/metrics, /healthz, /readyz):
-// GET and HEAD only, one connection at a time on its own thread, every response closes the
-// connection. Meant for Prometheus scrapes and probes from kubelet or a load balancer, not for
-// general traffic: requests are bounded (header bytes and a read deadline, so a slow or
-// oversized client cannot hold the thread), bodies are ignored.
+// GET and HEAD only, every response closes the connection. Meant for Prometheus scrapes and
+// probes from kubelet or a load balancer, not for general traffic.
+//
+// It serves any number of connections at once on one Asio event loop (its own io_context and
+// thread until straitd's loops are merged), so that no client -- idle, slow, or hundreds of
+// them -- delays a liveness probe: each connection has a deadline for its request head and one
+// for its response, request heads are bounded, at most max_connections are open (the oldest is
+// dropped for a newcomer), and running out of file descriptors pauses accepting briefly instead
+// of spinning.
 //
 // Usage:
 //   auto server = HttpServer::Start("127.0.0.1", 9464, [](const std::string& path) {
@@ -13,19 +18,17 @@
 //
 // Answers: the handler's response; 404 for a path it does not know; 405 for other methods; 400
 // for a malformed request line; 431 for a request head over max_request_bytes; 408 when the
-// head did not arrive within read_timeout. Threads: the handler runs on the server's thread
-// and must be thread-safe with respect to the rest of the program. Destruction stops the
-// thread (blocks at most about one poll slice, 100 ms, plus a response in progress).
+// head did not arrive within read_timeout; 500 if the handler throws. Threads: the handler runs
+// on the server's thread and must be thread-safe with respect to the rest of the program.
+// Destruction closes every connection and joins the thread.
 #ifndef STRAIT_LIB_GATEWAY_HTTP_H_
 #define STRAIT_LIB_GATEWAY_HTTP_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "strait/status.h"
 
@@ -44,6 +47,7 @@ struct HttpServerOptions {
   size_t max_request_bytes = 8192;                     // request line + headers
   int64_t read_timeout_ns = int64_t{5'000'000'000};    // for the whole request head
   int64_t write_timeout_ns = int64_t{10'000'000'000};  // for the whole response
+  size_t max_connections = 1024;                        // open at once; the oldest yields
 };
 
 class HttpServer {
@@ -60,20 +64,17 @@ class HttpServer {
   uint16_t port() const { return port_; }
   // Requests answered with 4xx because of the client (malformed, oversized, too slow, wrong
   // method); 404s are not counted. Thread-safe.
-  uint64_t bad_requests() const { return bad_requests_.load(); }
+  uint64_t bad_requests() const;
+  // Connections open now (accepted and not yet closed). Thread-safe.
+  size_t open_connections() const;
+
+  class Core;  // the event loop and the connections (http.cc)
 
  private:
-  HttpServer(int fd, uint16_t port, HttpHandler handler, HttpServerOptions options);
-  void Loop();
-  void Serve(int fd);
+  HttpServer(std::unique_ptr<Core> core, uint16_t port);
 
-  int listen_fd_;
+  std::unique_ptr<Core> core_;
   uint16_t port_;
-  HttpHandler handler_;
-  HttpServerOptions options_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> bad_requests_{0};
-  std::thread thread_;
 };
 
 // The reason phrase for the status codes the server uses ("OK", "Not Found", ...).

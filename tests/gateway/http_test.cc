@@ -1,17 +1,21 @@
 // Tests of the operational HTTP server over real loopback sockets: 200 with the handler's body,
-// 404, 405, 400, HEAD, an oversized request head (431), and a slow client cut off at the read
-// deadline (408) without blocking the next client for longer than that.
+// 404, 405, 400, HEAD, an oversized request head (431), a slow client cut off at the read
+// deadline (408), hundreds of idle and slow clients that do not delay a probe, and the
+// connection cap that drops the oldest client for a newcomer.
 #include "gateway/http.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace strait::gateway {
 namespace {
@@ -118,6 +122,69 @@ TEST_F(Http, SlowClientIsCutOffAtTheReadDeadline) {
   EXPECT_EQ(Request(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n").substr(0, 15),
             "HTTP/1.1 200 OK");
   EXPECT_EQ(server_->bad_requests(), 1u);
+}
+
+// What a liveness probe meets on a busy or attacked metrics port: 500 connections that send
+// nothing and 50 that trickle a request head one byte at a time. Each probe is answered at once
+// (the old server served one connection at a time: one idle client delayed /healthz by 4.8 s).
+TEST_F(Http, ProbesAreAnsweredAtOnceBeside500IdleAnd50SlowClients) {
+  // Both ends of 550 connections live in this process: more than a 1024 descriptor limit.
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_cur < 2048) {
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 4096);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  }
+  ASSERT_GE(limit.rlim_cur, 1200u) << "the descriptor limit (ulimit -Hn) is too low for this test";
+  std::vector<int> idle, slow;
+  for (int i = 0; i < 500; ++i) {
+    const int fd = Dial(server_->port());
+    ASSERT_GE(fd, 0) << "connection " << i;
+    idle.push_back(fd);
+  }
+  for (int i = 0; i < 50; ++i) {
+    const int fd = Dial(server_->port());
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+  }
+  const std::string head = "GET /metrics HTTP/1.1\r\n\r\n";
+  double worst_ms = 0;
+  for (int round = 0; round < 10; ++round) {
+    for (size_t k = 0; k < slow.size(); ++k) {  // one more byte from every slow client
+      (void)!::send(slow[k], head.data() + round, 1, MSG_NOSIGNAL);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string reply = Request(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n");
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(reply.substr(0, 15), "HTTP/1.1 200 OK") << "round " << round;
+    worst_ms = std::max(worst_ms, ms);
+  }
+  // Not a speed benchmark: a bound far above one loopback round trip and far below one read
+  // deadline (0.5 s here, 5 s in straitd), which a server that waits on any client would hit.
+  EXPECT_LT(worst_ms, 250) << "a probe waited for other clients";
+  EXPECT_GE(server_->open_connections(), 550u);
+  for (int fd : idle) ::close(fd);
+  for (int fd : slow) ::close(fd);
+}
+
+TEST(HttpCap, TheOldestConnectionYieldsToANewcomerAtTheCap) {
+  HttpServerOptions options;
+  options.max_connections = 4;
+  auto s = HttpServer::Start(
+      "127.0.0.1", 0,
+      [](const std::string&) { return std::optional<HttpResponse>(HttpResponse{200, "ok\n"}); },
+      options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Dial((*s)->port()));
+  // The fifth client is served; the first one held was closed to make room.
+  EXPECT_EQ(Request((*s)->port(), "GET /x HTTP/1.1\r\n\r\n").substr(0, 15), "HTTP/1.1 200 OK");
+  EXPECT_EQ(ReadAll(held[0], 2), "");  // closed without an answer (recv returns 0)
+  char c;
+  EXPECT_EQ(::recv(held[0], &c, 1, MSG_DONTWAIT), 0);
+  EXPECT_LE((*s)->open_connections(), 4u);
+  for (int fd : held) ::close(fd);
 }
 
 TEST(HttpStart, BadAddressAndTakenPortAreClearErrors) {
