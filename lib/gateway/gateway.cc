@@ -538,6 +538,7 @@ void Gateway::Impl::AcceptLoop() {
       next_redial_check = now + 500'000'000;
       RedialEndedLinks();
     }
+    RetireRefused(-1);
     pollfd p{listen_fd, POLLIN, 0};
     if (::poll(&p, 1, kPollSliceMs) <= 0) continue;
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -555,16 +556,19 @@ void Gateway::Impl::AcceptLoop() {
       ++refused_connections;
       STRAIT_LOG(kWarn, kLog) << "refused local client pid " << cred.pid << " uid " << cred.uid
                               << " gid " << cred.gid << ": not in local.allowed_uids/gids";
-      // Answer the hello so that the client sees why, then drop it.
-      auto body = ReadFrame(fd, 1024, Deadline::AfterSeconds(1));
+      // The refusal goes out at once, before the client's hello (it reads it as the hello's
+      // reply), and nothing is read: waiting for the hello here let a refused uid's silent
+      // connections delay every allowed client by a second each.
       auto frame = EncodeMessage(Reply(
           MessageType::kHello,
           PermissionDeniedError("uid " + std::to_string(cred.uid) + " gid " +
                                 std::to_string(cred.gid) +
                                 " is not allowed by the gateway's local.allowed_uids / "
                                 "local.allowed_gids")));
-      if (body.ok() && frame.ok()) WriteAll(fd, *frame, Deadline::AfterSeconds(1)).IgnoreError();
-      ::close(fd);
+      if (frame.ok()) {
+        (void)!::send(fd, frame->data(), frame->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      RetireRefused(fd);
       continue;
     }
     ++connections;
@@ -586,6 +590,19 @@ void Gateway::Impl::AcceptLoop() {
   }
 }
 
+void Gateway::Impl::RetireRefused(int fd) {
+  // A refused connection stays open for a second after its refusal was sent, so that the
+  // client's hello is still accepted by the socket and it reads the refusal instead of EPIPE;
+  // then it is closed. Bounded: the oldest go first.
+  const int64_t now = MonotonicNanos();
+  while (!refused_fds.empty() &&
+         (refused_fds.front().second <= now || refused_fds.size() >= kMaxRefusedHeld)) {
+    ::close(refused_fds.front().first);
+    refused_fds.pop_front();
+  }
+  if (fd >= 0) refused_fds.emplace_back(fd, now + 1'000'000'000);
+}
+
 void Gateway::Impl::ServeConnection(int fd) {
   bool greeted = false;
   // Who is on the other end: the accept loop admitted these credentials; jobs belong to the uid.
@@ -604,8 +621,10 @@ void Gateway::Impl::ServeConnection(int fd) {
     const int rc = ::poll(&p, 1, kPollSliceMs);
     if (rc == 0) continue;
     if (rc < 0 && errno == EINTR) continue;
-    if (Status read = ReadFrameInto(fd, kDefaultMaxMessageBytes, Deadline::AfterSeconds(30), &body);
-        !read.ok()) {
+    // Until the hello, frames are small: a client that sends only a large length prefix must
+    // not make the gateway reserve that much (eight 256 MiB prefixes cost 2 GB before).
+    const uint32_t limit = greeted ? kDefaultMaxMessageBytes : kMaxHelloFrameBytes;
+    if (Status read = ReadFrameInto(fd, limit, Deadline::AfterSeconds(30), &body); !read.ok()) {
       if (read.code() != StatusCode::kUnavailable) {
         // The framing is broken (oversized or truncated): say so and drop the connection.
         ++bad_requests;
@@ -1238,6 +1257,8 @@ void Gateway::Shutdown(Deadline grace) {
   g->http.reset();  // its handlers read the links and jobs
   // Stop accepting, so that no new request starts while in-flight ones finish.
   if (g->accept_thread.joinable()) g->accept_thread.join();
+  for (const auto& [fd, until] : g->refused_fds) ::close(fd);
+  g->refused_fds.clear();
   if (g->listen_fd >= 0) {
     ::close(g->listen_fd);
     ::unlink(g->config.local_socket.c_str());

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -71,6 +72,12 @@ struct Gateway::Impl {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::vector<Connection> connection_threads;  // finished ones are joined at the next accept
+  // Refused local connections, held open until their deadline (RetireRefused); accept thread.
+  std::deque<std::pair<int, int64_t>> refused_fds;
+  static constexpr size_t kMaxRefusedHeld = 256;
+  // The largest frame a client may send before its hello (a hello is a few hundred bytes).
+  static constexpr uint32_t kMaxHelloFrameBytes = 64u << 10;
+  void RetireRefused(int fd);  // fd < 0: only close the expired ones
   bool shut_down = false;
 
   // Counters for the stats request.

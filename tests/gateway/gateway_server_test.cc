@@ -4,14 +4,19 @@
 #include "gateway/gateway.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <set>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "collective/net_transport.h"
 #include "gateway/client.h"
@@ -126,6 +131,66 @@ TEST_F(GatewayServer, RefusesCredentialsNotConfigured) {
   EXPECT_EQ(client.status().code(), StatusCode::kPermissionDenied) << client.status();
   EXPECT_NE(client.status().message().find("local.allowed_uids"), std::string::npos);
   EXPECT_NE(gateway_->StatsText().find("refused_connections 1\n"), std::string::npos);
+}
+
+// Dials the gateway's Unix socket without speaking; -1 on failure.
+int DialUnix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Silent connections of a refused uid used to hold the accept loop for a second each (it waited
+// for their hello before refusing): 20 of them delayed the next client by 19 s.
+TEST_F(GatewayServer, SilentRefusedConnectionsDoNotDelayTheNextClient) {
+  config_.allowed_uids = {::getuid() + 1};
+  config_.allowed_gids = {::getgid() + 1};
+  StartGateway();
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(DialUnix(config_.local_socket));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto client = Client::Connect(config_.local_socket, Deadline::AfterSeconds(30));
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), StatusCode::kPermissionDenied) << client.status();
+  EXPECT_LT(s, 5.0) << "the refusal waited for the silent connections";
+  for (int fd : silent) ::close(fd);
+}
+
+// Before its hello, a client may not make the gateway reserve a large frame: a bare 256 MiB
+// length prefix is refused at once (it used to be allocated, then waited on for 30 s).
+TEST_F(GatewayServer, ALargeLengthPrefixBeforeTheHelloIsRefusedAtOnce) {
+  StartGateway();
+  const int fd = DialUnix(config_.local_socket);
+  ASSERT_GE(fd, 0);
+  const uint32_t len = 256u << 20;
+  uint8_t prefix[4];
+  std::memcpy(prefix, &len, 4);  // little-endian, as the protocol's length prefix
+  ASSERT_EQ(::send(fd, prefix, 4, MSG_NOSIGNAL), 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string answer;
+  char buf[512];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10'000) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_NE(answer.find("65536"), std::string::npos) << "no error naming the limit: " << answer;
+  EXPECT_LT(s, 5.0);
+  auto again = Client::Connect(config_.local_socket, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
 }
 
 TEST_F(GatewayServer, ShutdownRemovesTheSocket) {
