@@ -45,7 +45,7 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
 }
 
 // What every region's gateway must see alike for one step (see "Operation identity" in
-// local_protocol.h), as readable text: hashed into the op id and named in mismatch errors.
+// localproto/protocol.h), as readable text: hashed into the op id and named in mismatch errors.
 std::string IdentityText(const Message& request, const FrameInfo* frame) {
   std::string t = std::string(MessageTypeName(request.type)) + " key=" + request.tensor_key +
                   " count=" + std::to_string(request.count) + " dtype=" +
@@ -619,11 +619,9 @@ void Gateway::Impl::ServeConnection(int fd) {
     if (Status decoded = DecodeMessageInto(body, &request); !decoded.ok()) {
       ++bad_requests;
       const uint8_t t = body[0];
-      const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
-                         t == 11 || t == 12 || t == 13 ||  // 11: frame all-reduce, 12: join, 13: fetch
-                         (t >= 5 && t <= 9);               // 5..9: tunnels
-      reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
-                    decoded.WithContext("bad request"));
+      const MessageType to =
+          localproto::IsRequestType(t) ? static_cast<MessageType>(t) : MessageType::kHello;
+      reply = Reply(to, decoded.WithContext("bad request"));
     } else if (!greeted && request.type != MessageType::kHello) {
       ++bad_requests;
       reply = Reply(request.type, FailedPreconditionError("send a hello first"));
@@ -867,7 +865,7 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   // From here on the step's identity is used: a failure now spends it in every region.
   const bool spent = s.ok();
   if (s.ok()) {
-    // The operation's identity (see "Operation identity" in local_protocol.h): its op id hashes
+    // The operation's identity (see "Operation identity" in localproto/protocol.h): its op id hashes
     // all of it, so steps of different comms or positions never meet; the announcement makes
     // a disagreement between regions a clear error instead of a wait for the deadline.
     sequence = request.sequence;

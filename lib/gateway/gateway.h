@@ -6,7 +6,7 @@
 // region's rank is its index, so every gateway derives the same numbering from its own config.
 // Each gateway dials the peers ranked above it and accepts the others.
 //
-// Operations (see "Operation identity" in local_protocol.h and generation.h): every comm joins
+// Operations (see "Operation identity" in localproto/protocol.h and generation.h): every comm joins
 // its job once when it is created (kJoinJob); the gateways of every region agree on the job's
 // next generation g before any of them answers. The comm numbers its all-reduces 0, 1, 2, ...
 // within g and sends (g, sequence) with each; the collective op id hashes (job, g, sequence,

@@ -25,15 +25,21 @@
 #include "common/strings.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
-#include "gateway/http.h"
-#include "gateway/local_protocol.h"
-#include "gateway/metrics.h"
 #include "gateway/generation.h"
+#include "gateway/http.h"
+#include "gateway/metrics.h"
 #include "gateway/policy.h"
 #include "gateway/tunnel.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "net/link.h"
 
 namespace strait::gateway {
+
+// The local protocol straitd serves (localproto/protocol.h); tunnel.h names the rest of it.
+using localproto::DecodeMessageInto;
+using localproto::EncodeMessageHead;
+using localproto::ReadFrameInto;
 
 // Link channels of the region transport: after the cross-region collective's (16..31) and apart
 // from the policy's (8) and the tunnels' (1024..1279), although they travel on links of their own.
@@ -204,7 +210,7 @@ struct Gateway::Impl {
   // the request's deadline.
   Message HandleJoin(Message& request);
 
-  // Recovering a step's result (kFetchResult; see "Result recovery" in local_protocol.h): each
+  // Recovering a step's result (kFetchResult; see "Result recovery" in localproto/protocol.h): each
   // gateway keeps the result of the last step it committed per (job, scope); a rank whose
   // gateway was killed after the commit asks its restarted gateway, which asks the peers.
   struct Committed {
@@ -233,7 +239,7 @@ struct Gateway::Impl {
 // A reply to a request of type `to` carrying `status` (and nothing else yet).
 Message Reply(MessageType to, const Status& status);
 // An all-reduce's error reply for a request refused before its step was used (data: one byte 0;
-// see "Operation identity" in local_protocol.h): the comm may issue that step again.
+// see "Operation identity" in localproto/protocol.h): the comm may issue that step again.
 Message Refused(MessageType to, const Status& status);
 
 }  // namespace strait::gateway

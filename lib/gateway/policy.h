@@ -1,11 +1,9 @@
 // Job compression policy: what a job asks for, clamped to what the gateway operator allows,
 // agreed between the regions, and turned into a codec per tensor and per link.
 //
-// A job names its policy in one short string (STRAIT_COMPRESSION, or the register-job request):
-//   "auto" | "auto:<int8|int4|fp8>" | "none" | "zstd" | "zstd:<level>" | "int8" | "int4" | "fp8"
-//   then optional ",ef" / ",noef" (error feedback on/off; default from the gateway config).
-//   Examples: "int8,ef", "zstd:3", "auto", "auto:int8". An empty string means the gateway's
-//   default policy.
+// A job names its policy in one short string (STRAIT_COMPRESSION, or the register-job request)
+// in the grammar of localproto/policy_grammar.h, e.g. "int8,ef", "zstd:3", "auto", "auto:int8";
+// error feedback defaults to the gateway config. An empty string means the gateway's default.
 // The gateway clamps the request to its PolicyLimits: a codec that is not allowed, or a lossy
 // codec whose worst-case error exceeds max_relative_error, falls back to the best allowed
 // lossless codec (zstd, else none), and the reason is kept so that logs and the job can see it.
@@ -53,6 +51,7 @@
 
 #include "common/clock.h"
 #include "gateway/config.h"
+#include "localproto/policy_grammar.h"
 #include "net/adapt.h"
 #include "net/estimates.h"
 #include "strait/codec.h"
@@ -61,17 +60,10 @@
 
 namespace strait::gateway {
 
-// What the job asked for, syntactically valid but not yet clamped.
-struct PolicyRequest {
-  bool automatic = false;             // "auto" / "auto:<lossy>"
-  CodecId codec = CodecId::kNone;     // when !automatic
-  std::optional<CodecId> auto_lossy;  // "auto:<lossy>": the lossy codec auto may pick
-  std::optional<int> zstd_level;      // "zstd:<level>"
-  std::optional<bool> error_feedback;
-};
-
-// Parses a policy string; errors name the bad part and list what is accepted.
-StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text);
+// The request grammar is the local protocol's (localproto/policy_grammar.h): one parser for the
+// gateway, the plugin and library mode.
+using localproto::ParsePolicyRequest;
+using localproto::PolicyRequest;
 
 // Worst-case quantization error of a lossy codec relative to its block's absmax (0 for lossless
 // codecs): int8 1/254, int4 1/14, fp8 e4m3 1/16.

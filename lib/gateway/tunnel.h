@@ -1,8 +1,8 @@
 // Cross-region point-to-point tunnels in straitd: what carries the NCCL plugin's connections
 // between ranks of different regions. The local side of the protocol (kTunnelListen,
-// kTunnelConnect, kTunnelAccept, kTunnelData, kTunnelClose) is in local_protocol.h; this file holds
-// the WAN side (the tunnel wire format between two gateways), the lossless codec choice for the WAN
-// hop, and TunnelService, the state machine the gateway runs.
+// kTunnelConnect, kTunnelAccept, kTunnelData, kTunnelClose) is in localproto/protocol.h; this file
+// holds the WAN side (the tunnel wire format between two gateways), the lossless codec choice for
+// the WAN hop, and TunnelService, the state machine the gateway runs.
 //
 // Route: a rank in region B asks its gateway (shard s) to connect to a listen id of region A; the
 // gateway sends kOpen over its link to region A's gateway of the same shard index, which finds
@@ -59,7 +59,8 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "net/adapt.h"
 #include "net/estimates.h"
 #include "strait/codec.h"
@@ -70,6 +71,21 @@ class Link;
 }  // namespace strait::net
 
 namespace strait::gateway {
+
+// The local protocol the tunnels serve (localproto/protocol.h).
+using localproto::DecodeMessage;
+using localproto::EncodeMessage;
+using localproto::EncodeTunnelEvent;
+using localproto::kDefaultMaxMessageBytes;
+using localproto::kMaxReplyTextBytes;
+using localproto::Message;
+using localproto::MessageType;
+using localproto::MessageTypeName;
+using localproto::ReadFrame;
+using localproto::TunnelEvent;
+using localproto::TunnelEventKind;
+using localproto::WriteAll;
+using localproto::WriteMessage;
 
 inline constexpr uint8_t kTunnelWireVersion = 1;
 inline constexpr size_t kTunnelWireHeaderSize = 16;

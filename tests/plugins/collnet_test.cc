@@ -30,7 +30,8 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "plugins/nccl/nccl_net.h"
 #include "tests/common/free_ports.h"
 #include "tests/common/straitd_process.h"
@@ -375,21 +376,21 @@ class FakeGateway {
     }
   }
   void Serve(int c) {
-    using gateway::Message;
-    using gateway::MessageType;
+    using localproto::Message;
+    using localproto::MessageType;
     while (!stop_) {
       pollfd p{c, POLLIN, 0};
       if (::poll(&p, 1, 50) <= 0) continue;
       auto body =
-          gateway::ReadFrame(c, gateway::kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
+          localproto::ReadFrame(c, localproto::kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
       if (!body.ok()) break;
-      auto m = gateway::DecodeMessage(*body);
+      auto m = localproto::DecodeMessage(*body);
       if (!m.ok()) break;
       Message reply;
       reply.type = MessageType::kReply;
       reply.reply_to = m->type;
       if (m->type == MessageType::kTunnelListen) {
-        reply.data = gateway::EncodeTunnelEvent({gateway::TunnelEventKind::kListening, 1, 0, "us"});
+        reply.data = localproto::EncodeTunnelEvent({localproto::TunnelEventKind::kListening, 1, 0, "us"});
       } else if (m->type == MessageType::kJoinJob) {
         reply.data.assign(8, 0);  // generation 1 (a region of one: nobody to agree with)
         reply.data[0] = 1;
@@ -399,8 +400,8 @@ class FakeGateway {
         counts_.push_back(m->count);
         reply.data = m->data;
       }
-      auto frame = gateway::EncodeMessage(reply);
-      if (!frame.ok() || !gateway::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
+      auto frame = localproto::EncodeMessage(reply);
+      if (!frame.ok() || !localproto::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
     }
     ::close(c);
   }
