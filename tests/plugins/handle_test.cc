@@ -176,7 +176,7 @@ TEST(GatewayFrames, StraitdFramesDecodeWithThePluginsDecoder) {
   EXPECT_EQ(r->text, "ok");
   StatusOr<TunnelEvent> e = DecodeTunnelEvent(r->data);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(e->kind, 1);
+  EXPECT_EQ(e->kind, TunnelEventKind::kListening);
   EXPECT_EQ(e->id, 99u);
   EXPECT_EQ(e->shard, 2u);
   EXPECT_EQ(e->region, "us-east");
