@@ -49,7 +49,7 @@
 // region should configure the same). Otherwise, when every region's gateway measures (its
 // policy offer says so: no shard_weights configured, and a version that exchanges rates), the
 // split follows the measured link rates: each gateway sends its links' egress goodput for a
-// job's weights round (a kRates message on kPolicyChannel), and every gateway computes
+// job's weights round (a rates message on kRatesChannel), and every gateway computes
 // collective::BalancedShardWeights of the same matrix, the split that minimises the busiest
 // link's time. Round = operation sequence / kWeightsRoundOps (16) within the job's generation, so the weights are re-agreed every 16 operations of a tensor key; the next round's
 // rates go out mid-round, so only a job's first round per generation waits for a round trip. A
@@ -93,8 +93,9 @@
 // request gets an error reply; the connection survives unless its framing is broken.
 //
 // Tunnels: ranks also open cross-region point-to-point tunnels through the gateway (the NCCL
-// plugin's cross-region connections); see "Tunnels" in local_protocol.h and tunnel.h. They travel
-// on link channels [1024, 1280) to the gateway of the same shard index in the other region.
+// plugin's cross-region connections); see "Tunnels" in localproto/protocol.h and tunnel.h. They
+// travel on link channels 1024..1279 (collective::kTunnelChannels) to the gateway of the same
+// shard index in the other region.
 //
 // Threads: one accept thread, one thread per client connection (plus a writer thread per open
 // tunnel and one tunnel supervisor); the WAN side runs on the endpoint's I/O thread. Public

@@ -377,7 +377,12 @@ StatusOr<DecodedPolicyOffer> DecodePolicyOffer(std::span<const uint8_t> m) {
   if (m[0] != kPolicyMessageVersion) {
     return DataLossError("policy message version " + std::to_string(m[0]) +
                          " is not supported (this gateway speaks version " +
-                         std::to_string(kPolicyMessageVersion) + "); upgrade the older gateway");
+                         std::to_string(kPolicyMessageVersion) +
+                         (m[0] < kPolicyMessageVersion
+                              ? ", which carries shard-weight rates on their own link channel"
+                              : "") +
+                         "); upgrade the older gateway: every region must run a straitd of the "
+                         "same policy message version");
   }
   DecodedPolicyOffer d;
   if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kOffer) &&
@@ -443,8 +448,17 @@ StatusOr<std::optional<std::vector<uint8_t>>> PolicyAgreement::OnMessage(
     return InvalidArgumentError("policy message from rank " + std::to_string(peer) +
                                 " outside the world");
   }
-  STRAIT_ASSIGN_OR_RETURN(DecodedPolicyOffer d, DecodePolicyOffer(message));
+  StatusOr<DecodedPolicyOffer> decoded = DecodePolicyOffer(message);
+  if (!decoded.ok()) {
+    // Kept so that a job waiting for this peer's policy says why it never came (e.g. a peer of
+    // another version, whose every message is refused).
+    std::lock_guard<std::mutex> lock(mu_);
+    refusals_[peer] = decoded.status().message();
+    return decoded.status();
+  }
+  DecodedPolicyOffer& d = *decoded;
   std::lock_guard<std::mutex> lock(mu_);
+  refusals_.erase(peer);
   Job& j = jobs_[d.job];
   auto it = j.offers.find(peer);
   const bool changed =
@@ -498,14 +512,18 @@ StatusOr<JobPolicy> PolicyAgreement::Wait(const std::string& job, Deadline deadl
     if (it != jobs_.end() && it->second.merged.has_value()) return *it->second.merged;
     if (deadline.Expired() || (stop && stop())) {
       std::string missing;
+      std::string refused;
       for (size_t r = 0; r < world_.size(); ++r) {
         if (it == jobs_.end() || it->second.offers.count(static_cast<int>(r)) == 0) {
           AppendToList(missing, world_[r]);
+          auto why = refusals_.find(static_cast<int>(r));
+          if (why != refusals_.end()) refused += "; " + world_[r] + "'s refused: " + why->second;
         }
       }
       return DeadlineExceededError("job \"" + job + "\": no policy from " + missing +
                                    " before the deadline; register the job in every region (its "
-                                   "gateways agree on one policy before the first all-reduce)");
+                                   "gateways agree on one policy before the first all-reduce)" +
+                                   refused);
     }
     const int64_t wait_ns = std::min<int64_t>(deadline.RemainingNanos(), 50'000'000);
     cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns));
@@ -523,7 +541,7 @@ std::vector<uint8_t> EncodeRatesOffer(const std::string& job, const WeightsRound
   const size_t len = std::min(job.size(), kMaxPolicyJobBytes);
   const size_t n = std::min<size_t>(rates.size(), UINT16_MAX);
   std::vector<uint8_t> b(kRatesHeaderBytes + 8 * n + 2 + len, 0);
-  b[0] = kPolicyMessageVersion;
+  b[0] = kRatesMessageVersion;
   b[1] = static_cast<uint8_t>(PolicyMessageKind::kRates);
   PutU16(b.data() + 2, static_cast<uint16_t>(n));
   PutU64(b.data() + 4, round.world);
@@ -541,10 +559,10 @@ StatusOr<DecodedRatesOffer> DecodeRatesOffer(std::span<const uint8_t> m) {
                          " bytes is shorter than its " + std::to_string(kRatesHeaderBytes + 2) +
                          "-byte minimum");
   }
-  if (m[0] != kPolicyMessageVersion) {
+  if (m[0] != kRatesMessageVersion) {
     return DataLossError("rates message version " + std::to_string(m[0]) +
                          " is not supported (this gateway speaks version " +
-                         std::to_string(kPolicyMessageVersion) + "); upgrade the older gateway");
+                         std::to_string(kRatesMessageVersion) + "); upgrade the older gateway");
   }
   if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kRates)) {
     return DataLossError("rates message: kind " + std::to_string(m[1]) + " is not kRates (3)");

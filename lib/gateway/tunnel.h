@@ -9,10 +9,11 @@
 // the listen, announces the tunnel to the listening rank and, once that rank accepts, answers
 // kOpenOk. Then both gateways pump kData messages between the link and the two ranks' Unix
 // connections. Everything of one tunnel travels on one link channel (TunnelChannel(id)), so the
-// link's per-channel order keeps open, data and close in order; tunnels hash over
-// kTunnelChannelCount channels so that a big message of one tunnel holds up few others.
+// link's per-channel order keeps open, data and close in order; tunnels hash over the
+// collective::kTunnelChannels range (collective/channels.h) so that a big message of one tunnel
+// holds up few others.
 //
-// Wire message (link channel kTunnelChannelBase + id % kTunnelChannelCount), little-endian:
+// Wire message (link channel TunnelChannel(id)), little-endian:
 //   off size field
 //     0    1 version (kTunnelWireVersion = 1)
 //     1    1 kind (TunnelWireKind)
@@ -59,6 +60,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective/channels.h"
 #include "localproto/frame_io.h"
 #include "localproto/protocol.h"
 #include "net/adapt.h"
@@ -89,17 +91,13 @@ using localproto::WriteMessage;
 
 inline constexpr uint8_t kTunnelWireVersion = 1;
 inline constexpr size_t kTunnelWireHeaderSize = 16;
-// Link channels reserved for tunnels (the collectives use channel 16).
-inline constexpr uint32_t kTunnelChannelBase = 1024;
-inline constexpr uint32_t kTunnelChannelCount = 256;
 // Bookkeeping cost of one message in the flow-control window, so that empty messages count.
 inline constexpr uint64_t kTunnelMessageCost = 64;
 
+// The link channel of a tunnel: tunnel ids hash over collective::kTunnelChannels.
 inline uint32_t TunnelChannel(uint64_t tunnel_id) {
-  return kTunnelChannelBase + static_cast<uint32_t>(tunnel_id % kTunnelChannelCount);
-}
-inline bool IsTunnelChannel(uint32_t channel) {
-  return channel >= kTunnelChannelBase && channel < kTunnelChannelBase + kTunnelChannelCount;
+  const collective::ChannelRange& r = collective::kTunnelChannels;
+  return r.first + static_cast<uint32_t>(tunnel_id % r.count);
 }
 
 enum class TunnelWireKind : uint8_t {
