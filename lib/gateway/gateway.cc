@@ -96,14 +96,7 @@ uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint
 }
 
 
-Message Reply(MessageType to, const Status& status) {
-  Message m;
-  m.type = MessageType::kReply;
-  m.reply_to = to;
-  m.code = status.code();
-  m.text = status.message().substr(0, kMaxReplyTextBytes);
-  return m;
-}
+Message Reply(MessageType to, const Status& status) { return localproto::ReplyMessage(to, status); }
 
 Message Refused(MessageType to, const Status& status) {
   Message m = Reply(to, status);

@@ -106,14 +106,7 @@ Status WriteToFd(int fd, std::span<const uint8_t> bytes, const std::function<boo
   return Status::Ok();
 }
 
-Message ReplyTo(MessageType to, const Status& status) {
-  Message m;
-  m.type = MessageType::kReply;
-  m.reply_to = to;
-  m.code = status.code();
-  m.text = status.message().substr(0, kMaxReplyTextBytes);
-  return m;
-}
+Message ReplyTo(MessageType to, const Status& status) { return localproto::ReplyMessage(to, status); }
 
 uint64_t Cost(uint64_t raw_bytes) {
   return raw_bytes + kTunnelMessageCost;

@@ -109,6 +109,15 @@ Status CheckFrameOp(uint8_t op) {
 
 }  // namespace
 
+Message ReplyMessage(MessageType to, const Status& status) {
+  Message m;
+  m.type = MessageType::kReply;
+  m.reply_to = to;
+  m.code = status.code();
+  m.text = status.message().substr(0, kMaxReplyTextBytes);
+  return m;
+}
+
 std::optional<StatusCode> StatusCodeFromWire(uint64_t raw) noexcept {
   if (raw > static_cast<uint64_t>(kHighestStatusCode)) return std::nullopt;
   return static_cast<StatusCode>(raw);

@@ -206,6 +206,10 @@ struct Message {
   std::vector<uint8_t> data;
 };
 
+// A kReply to a request of type `to` carrying `status` (its text cut to kMaxReplyTextBytes) and
+// no data yet.
+Message ReplyMessage(MessageType to, const Status& status);
+
 // The whole frame (length prefix + body). kInvalidArgument when a field breaks a limit (the
 // message names it), so a client never sends what the gateway would refuse.
 StatusOr<std::vector<uint8_t>> EncodeMessage(const Message& message,

@@ -612,6 +612,16 @@ TEST(LocalProtocol, TunnelDataHeadIsTheEncodersHead) {
   EXPECT_EQ(std::vector<uint8_t>(fast, fast + kTunnelDataHeadBytes), *head);
 }
 
+TEST(LocalProtocol, ReplyMessageCarriesTheStatusWithinTheTextLimit) {
+  Message m = ReplyMessage(MessageType::kJoinJob, DeadlineExceededError(std::string(20000, 'x')));
+  EXPECT_EQ(m.type, MessageType::kReply);
+  EXPECT_EQ(m.reply_to, MessageType::kJoinJob);
+  EXPECT_EQ(m.code, StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(m.text.size(), kMaxReplyTextBytes);
+  EXPECT_TRUE(m.data.empty());
+  EXPECT_TRUE(EncodeMessage(m).ok());  // never refused for its length
+}
+
 TEST(LocalProtocol, StatusCodesUpToTheHighestOnly) {
   EXPECT_EQ(StatusCodeFromWire(0), StatusCode::kOk);
   EXPECT_EQ(StatusCodeFromWire(static_cast<uint64_t>(kHighestStatusCode)), kHighestStatusCode);
