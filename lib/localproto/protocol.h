@@ -116,6 +116,7 @@
 #ifndef STRAIT_LIB_LOCALPROTO_PROTOCOL_H_
 #define STRAIT_LIB_LOCALPROTO_PROTOCOL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
