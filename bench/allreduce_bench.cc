@@ -37,7 +37,7 @@
 #include "common/clock.h"
 #include "common/strings.h"
 #include "common/units.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "gateway/config.h"
 
 extern char** environ;
@@ -241,9 +241,9 @@ Status IterationBarrier(const std::string& dir, int rank, int ranks, int iterati
 
 int RunMeshRank(const Flags& f) {
   const Deadline connect_deadline = Deadline::AfterSeconds(60);
-  StatusOr<std::unique_ptr<gateway::Client>> client = UnavailableError("not tried");
+  StatusOr<std::unique_ptr<localproto::Client>> client = UnavailableError("not tried");
   while (!connect_deadline.Expired()) {
-    client = gateway::Client::Connect(f.socket, Deadline::AfterSeconds(5),
+    client = localproto::Client::Connect(f.socket, Deadline::AfterSeconds(5),
                                       "bench-r" + std::to_string(f.rank_region));
     if (client.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

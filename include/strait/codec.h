@@ -33,19 +33,8 @@
 
 namespace strait {
 
-// Wire values: explicit and never renumbered (regions run different versions during upgrades).
-enum class CodecId : uint8_t {
-  kNone = 0,
-  kZstd = 1,
-  kInt8 = 2,
-  kInt4 = 3,
-  kFp8E4M3 = 4,
-};
-inline constexpr int kNumCodecs = 5;
-
-const char* CodecName(CodecId codec) noexcept;  // "none", "zstd", "int8", "int4", "fp8"
-std::optional<CodecId> ParseCodecId(std::string_view name) noexcept;
-bool IsLossyCodec(CodecId codec) noexcept;
+// CodecId, its names and kMinZstdLevel/kMaxZstdLevel are in strait/types.h (the one numbering of
+// codecs, shared with the local protocol and the NCCL plugin).
 
 enum class Rounding : uint8_t {
   kNearest = 0,     // round half to even
@@ -55,8 +44,6 @@ enum class Rounding : uint8_t {
 inline constexpr uint32_t kDefaultBlockSize = 256;
 inline constexpr uint32_t kMinBlockSize = 32;
 inline constexpr uint32_t kMaxBlockSize = 65536;
-inline constexpr int kMinZstdLevel = -5;
-inline constexpr int kMaxZstdLevel = 19;
 // The largest element count one frame may describe (2^40); larger tensors are sent in chunks.
 inline constexpr uint64_t kMaxFrameElements = uint64_t{1} << 40;
 

@@ -1,7 +1,10 @@
-// Element types and reduction operations shared by the codec, the gateway and the plugin.
+// Element types, reduction operations and codec ids shared by the codec, the gateway, the local
+// protocol and the plugin.
 //
-// Values mirror NCCL 2.28's ncclDataType_t and ncclRedOp_t so that the plugin converts with a
-// range check instead of a table, and they are wire values: explicit, never renumbered.
+// DataType and ReduceOp mirror NCCL 2.28's ncclDataType_t and ncclRedOp_t so that the plugin
+// converts with a range check instead of a table. CodecId is the one numbering of codecs: frame
+// headers, policy messages between gateways and the CollNet handle all carry it. All are wire
+// values: explicit, never renumbered (regions run different versions during upgrades).
 #ifndef STRAIT_TYPES_H_
 #define STRAIT_TYPES_H_
 
@@ -49,6 +52,24 @@ bool IsLossyCodableType(DataType type) noexcept;
 const char* ReduceOpName(ReduceOp op) noexcept;  // "sum", "prod", "max", "min", "avg"
 std::optional<ReduceOp> ParseReduceOp(std::string_view name) noexcept;
 bool IsValidReduceOp(uint8_t raw) noexcept;
+
+enum class CodecId : uint8_t {
+  kNone = 0,
+  kZstd = 1,
+  kInt8 = 2,
+  kInt4 = 3,
+  kFp8E4M3 = 4,
+};
+inline constexpr int kNumCodecs = 5;
+// The zstd levels a codec option or a policy ("zstd:<level>") may name.
+inline constexpr int kMinZstdLevel = -5;
+inline constexpr int kMaxZstdLevel = 19;
+
+const char* CodecName(CodecId codec) noexcept;  // "none", "zstd", "int8", "int4", "fp8"
+// Accepts the names above (any case) plus fp8e4m3, e4m3 and fp8_e4m3.
+std::optional<CodecId> ParseCodecId(std::string_view name) noexcept;
+bool IsValidCodecId(uint8_t raw) noexcept;
+bool IsLossyCodec(CodecId codec) noexcept;
 
 }  // namespace strait
 

@@ -16,7 +16,7 @@
 #include "api/host_backend.h"
 #include "api/nccl_backend.h"
 #include "gateway/config.h"
-#include "gateway/policy.h"
+#include "localproto/policy_grammar.h"
 #include "strait/status.h"
 #include "strait/strait.h"
 #include "strait/types.h"
@@ -183,7 +183,7 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
   o.job = *job;
   o.compression = ArgOrEnv(c->compression, "STRAIT_COMPRESSION").value_or("");
   if (!o.compression.empty()) {
-    auto parsed = gateway::ParsePolicyRequest(o.compression);
+    auto parsed = localproto::ParsePolicyRequest(o.compression);
     if (!parsed.ok()) {
       return InvalidArgumentError("config->compression '" + o.compression +
                                   "': " + parsed.status().message());
@@ -229,7 +229,7 @@ StatusOr<NcclCommOptions> NcclOptions(ncclComm* nccl, const char* region_arg,
   o.job = *job;
   o.compression = ArgOrEnv(compression_arg, "STRAIT_COMPRESSION").value_or("");
   if (!o.compression.empty()) {
-    auto parsed = gateway::ParsePolicyRequest(o.compression);
+    auto parsed = localproto::ParsePolicyRequest(o.compression);
     if (!parsed.ok()) {
       return InvalidArgumentError("compression '" + o.compression +
                                   "': " + parsed.status().message());

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/log.h"
-#include "gateway/policy.h"
+#include "localproto/policy_grammar.h"
 
 namespace strait::api {
 namespace {
@@ -45,7 +45,7 @@ StatusOr<std::optional<FramePolicy>> ParseFramePolicy(std::string_view resolved)
     error_feedback = true;
     head.remove_suffix(kEfSuffix.size());
   }
-  auto request = gateway::ParsePolicyRequest(head);
+  auto request = localproto::ParsePolicyRequest(head);
   if (!request.ok()) return NotResolved(resolved, request.status().message());
   // Auto chooses codecs per link inside the gateway, which a frame quantized here cannot follow
   // (the gateway refuses such frames); lossless codecs are the gateway's to apply.

@@ -1,14 +1,14 @@
 // Library mode's frame path (both backends): whether a rank quantizes its shard itself before
 // the gateway all-reduces it (local protocol kAllReduceFrame), with which lossy codec, and with
 // or without error feedback. It follows the policy the gateway resolved for the job: the text
-// gateway::Client::RegisterJob returns, gateway::JobPolicy::ToString(), e.g.
+// localproto::Client::RegisterJob returns, gateway::JobPolicy::ToString(), e.g.
 //   "int8+ef (lossy from 64 KiB, else zstd)"          -> int8, error feedback on
 //   "fp8 (lossy from 64 KiB, else none) [a note]"     -> fp8, error feedback off
 //   "zstd:1", "none", "auto (lossless per link: ...)" -> no frame path (lossless)
 //   "auto:int8+ef (lossy from 64 KiB, else ...)"      -> no frame path (auto picks per link,
 //                                                        which a pre-quantized frame cannot follow)
-// That text's first word is the policy in the grammar of gateway::ParsePolicyRequest, except that
-// error feedback is written "+ef" (and left out when off); the rest, after a space, is "(...)"
+// That text's first word is the policy in the grammar of localproto::ParsePolicyRequest, except
+// that error feedback is written "+ef" (and left out when off); the rest, after a space, is "(...)"
 // details and a "[...]" note. ParseFramePolicy reads the first word with the gateway's own parser,
 // so the two cannot drift apart on codec names, levels or auto's forms.
 //

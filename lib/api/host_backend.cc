@@ -20,7 +20,7 @@
 #include "common/endian.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "net/link.h"
 #include "strait/codec.h"
 #include "strait/reduce.h"
@@ -54,7 +54,7 @@ struct FramePath {
   // frame before the operation started (the caller sends the tensor raw instead: every region's
   // gateway refuses alike, so every rank falls back alike).
   // `recover`: what to do when the gateway went away during the step (HostComm::RecoverStep).
-  StatusOr<bool> Run(gateway::Client& client, const std::string& job, const std::string& key,
+  StatusOr<bool> Run(localproto::Client& client, const std::string& job, const std::string& key,
                      DataType dtype, ReduceOp op, uint8_t* data, size_t n, Deadline deadline,
                      const std::function<StatusOr<std::vector<uint8_t>>(const Status&)>& recover) {
     if (auto it = refused.find(key); it != refused.end() && it->second == n) return false;
@@ -109,7 +109,7 @@ struct HostComm::Impl {
   std::vector<collective::NetTransport::Receiver> receivers;
   std::unique_ptr<net::Endpoint> endpoint;
   std::vector<std::shared_ptr<net::Link>> links;
-  std::unique_ptr<gateway::Client> client;
+  std::unique_ptr<localproto::Client> client;
   std::unique_ptr<FramePath> frames = std::make_unique<FramePath>();
 };
 
@@ -143,7 +143,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
   Impl& g = *comm->impl_;
 
   // The gateway first: a rank whose straitd is missing fails at once with that reason.
-  auto client = gateway::Client::Connect(
+  auto client = localproto::Client::Connect(
       options.gateway, deadline,
       "strait-api " + options.region + "/rank" + std::to_string(options.rank));
   if (!client.ok()) return client.status().WithContext(me + ": gateway " + options.gateway);
@@ -233,7 +233,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   // Last, once the region is complete (its own problems are named first): the comm's
-  // generation, agreed with every region's gateway of this shard (local_protocol.h, "Operation
+  // generation, agreed with every region's gateway of this shard (localproto/protocol.h, "Operation
   // identity"). This comm's all-reduces are numbered within it, so no step of an earlier comm
   // (before a failure or a gateway restart) can ever pair with them.
   uint64_t completed = 0;
@@ -259,7 +259,7 @@ StatusOr<std::vector<uint8_t>> HostComm::RecoverStep(const Status& failure, Dead
                            << "); asking the restarted gateway for its committed result";
   Status last = failure;
   while (!deadline.Expired()) {
-    auto client = gateway::Client::Connect(
+    auto client = localproto::Client::Connect(
         options_.gateway, deadline, "strait-api " + options_.region + "/rank" +
                                         std::to_string(options_.rank) + " (recovery)");
     if (client.ok()) {

@@ -8,7 +8,7 @@
 //      sends its part of shard j to rank j, raw; rank r reduces shard r over ranks 0..m-1 in that
 //      fixed order: in fp32 for sum/avg of float32/bfloat16/float16 (rounded once to the element
 //      type; avg divides by m first), exactly in the element type otherwise.
-//   2. Cross-region: rank r all-reduces its shard through its straitd (gateway::Client) under
+//   2. Cross-region: rank r all-reduces its shard through its straitd (localproto::Client) under
 //      the job's policy. Under a fixed lossy policy (frame_policy.h) the rank quantizes its
 //      shard itself (codec library, its own error-feedback residual per key) and sends it with
 //      kAllReduceFrame, the pipeline the GPU backend runs; a key the gateway refuses that way

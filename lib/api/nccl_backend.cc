@@ -25,7 +25,7 @@
 #include "common/clock.h"
 #include "cuda/quantize.h"
 #include "cuda/stage_frame.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "strait/codec.h"
 
 namespace strait::api {
@@ -119,7 +119,7 @@ struct NcclComm::Impl {
   int device = 0;
   std::string policy;
   std::optional<FramePolicy> frame_policy;
-  std::unique_ptr<gateway::Client> client;  // used by the worker only after Create
+  std::unique_ptr<localproto::Client> client;  // used by the worker only after Create
   Encoder encoder;                          // worker only
   Decoder decoder;                          // worker only
   std::map<std::string, KeyState> keys;     // under call_mu
@@ -325,7 +325,7 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions& opti
   STRAIT_RETURN_IF_ERROR(NcclError(ncclCommCuDevice(impl->nccl, &impl->device), impl->nccl,
                                    "ncclCommCuDevice on nccl_comm"));
   const Deadline deadline = Deadline::After(options.timeout_ns);
-  auto client = gateway::Client::Connect(options.gateway, deadline, "libstrait-nccl");
+  auto client = localproto::Client::Connect(options.gateway, deadline, "libstrait-nccl");
   STRAIT_RETURN_IF_ERROR(
       client.status().WithContext("connecting to the gateway " + options.gateway));
   impl->client = std::move(client).value();
@@ -333,7 +333,7 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions& opti
   STRAIT_RETURN_IF_ERROR(policy.status().WithContext("registering job " + options.job));
   impl->policy = *policy;
   impl->frame_policy = FramePolicyOf(impl->policy);
-  // The comm's generation, agreed with every region (local_protocol.h, "Operation identity"):
+  // The comm's generation, agreed with every region (localproto/protocol.h, "Operation identity"):
   // its all-reduces are numbered within it, so no step of an earlier comm can pair with them.
   STRAIT_RETURN_IF_ERROR(impl->client->JoinJob(options.job, deadline)
                              .status()

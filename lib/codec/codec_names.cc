@@ -1,4 +1,4 @@
-// Codec names, parsing and the validation of CodecOptions against the dtype being encoded.
+// The validation of CodecOptions against the dtype being encoded (codec names: common/types.cc).
 #include <algorithm>
 #include <cctype>
 #include <string>
@@ -12,45 +12,7 @@ bool IsPowerOfTwo(uint32_t v) {
   return v != 0 && (v & (v - 1)) == 0;
 }
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 }  // namespace
-
-const char* CodecName(CodecId codec) noexcept {
-  switch (codec) {
-    case CodecId::kNone: return "none";
-    case CodecId::kZstd: return "zstd";
-    case CodecId::kInt8: return "int8";
-    case CodecId::kInt4: return "int4";
-    case CodecId::kFp8E4M3: return "fp8";
-  }
-  return "invalid";
-}
-
-std::optional<CodecId> ParseCodecId(std::string_view name) noexcept {
-  struct Entry {
-    std::string_view name;
-    CodecId id;
-  };
-  static constexpr Entry kEntries[] = {
-      {"none", CodecId::kNone},    {"zstd", CodecId::kZstd},        {"int8", CodecId::kInt8},
-      {"int4", CodecId::kInt4},    {"fp8", CodecId::kFp8E4M3},      {"fp8e4m3", CodecId::kFp8E4M3},
-      {"e4m3", CodecId::kFp8E4M3}, {"fp8_e4m3", CodecId::kFp8E4M3},
-  };
-  for (const Entry& e : kEntries) {
-    if (EqualsIgnoreCase(name, e.name)) return e.id;
-  }
-  return std::nullopt;
-}
-
-bool IsLossyCodec(CodecId codec) noexcept {
-  return codec == CodecId::kInt8 || codec == CodecId::kInt4 || codec == CodecId::kFp8E4M3;
-}
 
 Status ValidateCodecOptions(const CodecOptions& options, DataType dtype) {
   const auto raw_codec = static_cast<unsigned>(options.codec);

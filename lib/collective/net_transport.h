@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/channels.h"
 #include "collective/mailbox.h"
 #include "collective/transport.h"
 
@@ -77,11 +78,8 @@ enum class NetMessageKind : uint8_t {
 // Abort reasons and notes longer than these are cut.
 inline constexpr size_t kMaxAbortReasonBytes = 1024;
 inline constexpr size_t kMaxAbortNoteBytes = 4096;
-// The link channel collective messages use unless told otherwise.
-inline constexpr uint32_t kDefaultCollectiveChannel = 16;
-// Channels [kDefaultCollectiveChannel, + kCollectiveChannelCount) are the gateway's collective
-// lanes (16..31); other link users (tunnels) must stay out of them.
-inline constexpr uint32_t kCollectiveChannelCount = 16;
+// The link channels collective messages use unless told otherwise (kDefaultCollectiveChannel,
+// kCollectiveChannelCount) are in channels.h's map, with every other link user's.
 
 class NetTransport final : public Transport {
  public:

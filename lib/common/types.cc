@@ -1,4 +1,4 @@
-// Names, sizes and parsing for DataType and ReduceOp.
+// Names, sizes and parsing for DataType, ReduceOp and CodecId.
 #include "strait/types.h"
 
 #include <algorithm>
@@ -13,6 +13,13 @@ std::string Lower(std::string_view s) {
   std::transform(out.begin(), out.end(), out.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return out;
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
 }
 
 }  // namespace
@@ -101,5 +108,38 @@ std::optional<ReduceOp> ParseReduceOp(std::string_view name) noexcept {
 }
 
 bool IsValidReduceOp(uint8_t raw) noexcept { return raw <= static_cast<uint8_t>(ReduceOp::kAvg); }
+
+const char* CodecName(CodecId codec) noexcept {
+  switch (codec) {
+    case CodecId::kNone: return "none";
+    case CodecId::kZstd: return "zstd";
+    case CodecId::kInt8: return "int8";
+    case CodecId::kInt4: return "int4";
+    case CodecId::kFp8E4M3: return "fp8";
+  }
+  return "invalid";
+}
+
+std::optional<CodecId> ParseCodecId(std::string_view name) noexcept {
+  struct Entry {
+    std::string_view name;
+    CodecId id;
+  };
+  static constexpr Entry kEntries[] = {
+      {"none", CodecId::kNone},    {"zstd", CodecId::kZstd},        {"int8", CodecId::kInt8},
+      {"int4", CodecId::kInt4},    {"fp8", CodecId::kFp8E4M3},      {"fp8e4m3", CodecId::kFp8E4M3},
+      {"e4m3", CodecId::kFp8E4M3}, {"fp8_e4m3", CodecId::kFp8E4M3},
+  };
+  for (const Entry& e : kEntries) {
+    if (EqualsIgnoreCase(name, e.name)) return e.id;
+  }
+  return std::nullopt;
+}
+
+bool IsValidCodecId(uint8_t raw) noexcept { return raw < kNumCodecs; }
+
+bool IsLossyCodec(CodecId codec) noexcept {
+  return codec == CodecId::kInt8 || codec == CodecId::kInt4 || codec == CodecId::kFp8E4M3;
+}
 
 }  // namespace strait

@@ -45,7 +45,7 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
 }
 
 // What every region's gateway must see alike for one step (see "Operation identity" in
-// local_protocol.h), as readable text: hashed into the op id and named in mismatch errors.
+// localproto/protocol.h), as readable text: hashed into the op id and named in mismatch errors.
 std::string IdentityText(const Message& request, const FrameInfo* frame) {
   std::string t = std::string(MessageTypeName(request.type)) + " key=" + request.tensor_key +
                   " count=" + std::to_string(request.count) + " dtype=" +
@@ -96,14 +96,7 @@ uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint
 }
 
 
-Message Reply(MessageType to, const Status& status) {
-  Message m;
-  m.type = MessageType::kReply;
-  m.reply_to = to;
-  m.code = status.code();
-  m.text = status.message().substr(0, kMaxReplyTextBytes);
-  return m;
-}
+Message Reply(MessageType to, const Status& status) { return localproto::ReplyMessage(to, status); }
 
 Message Refused(MessageType to, const Status& status) {
   Message m = Reply(to, status);
@@ -113,62 +106,71 @@ Message Refused(MessageType to, const Status& status) {
 
 // ---- Policy: the regions agree on each job's policy; `auto` picks codecs per link -------------
 
-void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message) {
-  if (IsTunnelChannel(channel)) {  // cross-region tunnels (tunnel.h)
+void Gateway::Impl::RouteChannels() {
+  // The link channel map (collective/channels.h): each owner gets its range's messages.
+  router.Route(collective::kTunnelChannels, [this](int peer, uint32_t channel,
+                                                   std::vector<uint8_t> message) {
     tunnels->OnWanMessage(peer, channel, std::move(message));
-    return;
-  }
-  if (channel == kGenerationChannel) {  // generations and operation identities
-    if (message.size() >= 2 &&
-        (message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetch) ||
-         message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetched))) {
-      OnFetchMessage(peer, message);
-      return;
-    }
-    auto effects = generations->OnMessage(peer, message);
-    if (!effects.ok()) {
-      STRAIT_LOG(kWarn, kLog) << "bad generation message from "
-                              << world[static_cast<size_t>(peer)] << ": " << effects.status();
-      return;
-    }
-    for (auto& [op_id, why] : effects->aborts) {
-      STRAIT_LOG(kInfo, kLog) << "aborting an all-reduce: " << why.message();
-      transport->Abort(op_id, why);
-    }
-    if (effects->reply.has_value()) {
-      if (std::shared_ptr<net::Link> link = LinkTo(peer)) {
-        link->Send(kGenerationChannel, std::move(*effects->reply), Deadline::AfterSeconds(30),
-                   [](Status) {});
-      }
-    }
-    return;
-  }
-  if (channel != kPolicyChannel) {
-    STRAIT_LOG(kDebug, kLog) << "dropped a message on unused link channel " << channel << " from "
-                             << world[static_cast<size_t>(peer)];
-    return;
-  }
-  if (message.size() >= 2 && message[1] == static_cast<uint8_t>(PolicyMessageKind::kRates)) {
-    if (Status st = weights_agreement->OnMessage(peer, message); !st.ok()) {
+  });
+  router.Route(collective::kGenerationChannels,
+               [this](int peer, uint32_t, std::vector<uint8_t> message) {
+                 OnGenerationMessage(peer, std::move(message));
+               });
+  router.Route(collective::kPolicyChannels, [this](int peer, uint32_t, std::vector<uint8_t> m) {
+    OnPolicyMessage(peer, std::move(m));
+  });
+  router.Route(collective::kRatesChannels, [this](int peer, uint32_t, std::vector<uint8_t> m) {
+    if (Status st = weights_agreement->OnMessage(peer, m); !st.ok()) {
       STRAIT_LOG(kWarn, kLog) << "bad rates message from " << world[static_cast<size_t>(peer)]
                               << ": " << st;
     }
+  });
+}
+
+void Gateway::Impl::OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message) {
+  if (!router.Dispatch(peer, channel, std::move(message))) {
+    STRAIT_LOG(kDebug, kLog) << "dropped a message on unused link channel " << channel << " from "
+                             << world[static_cast<size_t>(peer)];
+  }
+}
+
+void Gateway::Impl::OnGenerationMessage(int peer, std::vector<uint8_t> message) {
+  // Generations and operation identities; fetches of committed results share the channel and
+  // its header, told apart by its kind byte (generation.h).
+  if (message.size() >= 2 &&
+      (message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetch) ||
+       message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetched))) {
+    OnFetchMessage(peer, message);
     return;
   }
+  auto effects = generations->OnMessage(peer, message);
+  if (!effects.ok()) {
+    STRAIT_LOG(kWarn, kLog) << "bad generation message from " << world[static_cast<size_t>(peer)]
+                            << ": " << effects.status();
+    return;
+  }
+  for (auto& [op_id, why] : effects->aborts) {
+    STRAIT_LOG(kInfo, kLog) << "aborting an all-reduce: " << why.message();
+    transport->Abort(op_id, why);
+  }
+  if (effects->reply.has_value()) {
+    if (std::shared_ptr<net::Link> link = LinkTo(peer)) {
+      link->Send(kGenerationChannel, std::move(*effects->reply), Deadline::AfterSeconds(30),
+                 [](Status) {});
+    }
+  }
+}
+
+void Gateway::Impl::OnPolicyMessage(int peer, std::vector<uint8_t> message) {
   auto reply = agreement->OnMessage(peer, message);
   if (!reply.ok()) {
     STRAIT_LOG(kWarn, kLog) << "bad policy message from " << world[static_cast<size_t>(peer)]
                             << ": " << reply.status();
     return;
   }
+  // A reply lost here (no link yet) is recovered by the peer, which offers again while it waits.
   if (reply->has_value()) {
-    std::shared_ptr<net::Link> link;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      link = links[static_cast<size_t>(peer)];
-    }
-    // A reply lost here (no link yet) is recovered by the peer, which offers again while it waits.
-    if (link) {
+    if (std::shared_ptr<net::Link> link = LinkTo(peer)) {
       link->Send(kPolicyChannel, std::move(**reply), Deadline::AfterSeconds(30), [](Status) {});
     }
   }
@@ -475,9 +477,9 @@ StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string
   if (sequence % kWeightsRoundOps >= kWeightsRoundOps / 2) {
     WeightsRound next = round;
     ++next.round;
-    if (auto m = weights_agreement->Offer(job, next, EgressRates())) SendToPeers(*m, everyone);
+    if (auto m = weights_agreement->Offer(job, next, EgressRates())) SendToPeers(*m, everyone, kRatesChannel);
   }
-  if (auto m = weights_agreement->Offer(job, round, EgressRates())) SendToPeers(*m, everyone);
+  if (auto m = weights_agreement->Offer(job, round, EgressRates())) SendToPeers(*m, everyone, kRatesChannel);
   for (;;) {
     const Deadline slice =
         Deadline::After(std::min<int64_t>(deadline.RemainingNanos(), 1'000'000'000));
@@ -495,7 +497,7 @@ StatusOr<std::vector<uint64_t>> Gateway::Impl::MeasuredWeights(const std::string
     if (weights.ok() || deadline.Expired() || stopping.load()) return weights;
     // A peer whose link came back, or that restarted, may have lost our offer: send it again.
     if (auto m = weights_agreement->LocalOffer(job, round)) {
-      SendToPeers(*m, weights_agreement->Missing(job, round));
+      SendToPeers(*m, weights_agreement->Missing(job, round), kRatesChannel);
     }
   }
 }
@@ -638,11 +640,9 @@ void Gateway::Impl::ServeConnection(int fd) {
     if (Status decoded = DecodeMessageInto(body, &request); !decoded.ok()) {
       ++bad_requests;
       const uint8_t t = body[0];
-      const bool known = (t >= 1 && t <= 4) || t == 10 ||  // 10: region all-reduce
-                         t == 11 || t == 12 || t == 13 ||  // 11: frame all-reduce, 12: join, 13: fetch
-                         (t >= 5 && t <= 9);               // 5..9: tunnels
-      reply = Reply(known ? static_cast<MessageType>(t) : MessageType::kHello,
-                    decoded.WithContext("bad request"));
+      const MessageType to =
+          localproto::IsRequestType(t) ? static_cast<MessageType>(t) : MessageType::kHello;
+      reply = Reply(to, decoded.WithContext("bad request"));
     } else if (!greeted && request.type != MessageType::kHello) {
       ++bad_requests;
       reply = Reply(request.type, FailedPreconditionError("send a hello first"));
@@ -886,7 +886,7 @@ Message Gateway::Impl::HandleAllReduce(Message& request) {
   // From here on the step's identity is used: a failure now spends it in every region.
   const bool spent = s.ok();
   if (s.ok()) {
-    // The operation's identity (see "Operation identity" in local_protocol.h): its op id hashes
+    // The operation's identity (see "Operation identity" in localproto/protocol.h): its op id hashes
     // all of it, so steps of different comms or positions never meet; the announcement makes
     // a disagreement between regions a clear error instead of a wait for the deadline.
     sequence = request.sequence;
@@ -1176,7 +1176,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
     std::vector<std::string> names;
     for (int i = 0; i < m; ++i) names.push_back(config.region + "/shard_" + std::to_string(i));
     g->region_transport = std::make_unique<collective::NetTransport>(
-        config.shard_index < m ? config.shard_index : 0, m, names, kRegionCollectiveChannel,
+        config.shard_index < m ? config.shard_index : 0, m, names,
+        collective::kRegionCollectiveChannel,
         collective::kCollectiveChannelCount);
     for (int i = 0; i < m; ++i) g->region_receivers.push_back(g->region_transport->ReceiverFor(i));
     g->region_links.resize(static_cast<size_t>(m));
@@ -1195,6 +1196,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   g->agreement = std::make_unique<PolicyAgreement>(g->rank, g->world);
   g->weights_agreement =
       std::make_unique<WeightsAgreement>(g->rank, static_cast<int>(g->world.size()));
+  g->RouteChannels();  // before any link: every message finds its owner
   g->codec_profiles = net::MeasureCodecProfiles();
   for (const net::CodecProfile& cp : g->codec_profiles) {
     STRAIT_LOG(kInfo, kLog) << "codec " << CodecName(cp.codec) << ": encode "

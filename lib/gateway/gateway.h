@@ -6,7 +6,7 @@
 // region's rank is its index, so every gateway derives the same numbering from its own config.
 // Each gateway dials the peers ranked above it and accepts the others.
 //
-// Operations (see "Operation identity" in local_protocol.h and generation.h): every comm joins
+// Operations (see "Operation identity" in localproto/protocol.h and generation.h): every comm joins
 // its job once when it is created (kJoinJob); the gateways of every region agree on the job's
 // next generation g before any of them answers. The comm numbers its all-reduces 0, 1, 2, ...
 // within g and sends (g, sequence) with each; the collective op id hashes (job, g, sequence,
@@ -49,7 +49,7 @@
 // region should configure the same). Otherwise, when every region's gateway measures (its
 // policy offer says so: no shard_weights configured, and a version that exchanges rates), the
 // split follows the measured link rates: each gateway sends its links' egress goodput for a
-// job's weights round (a kRates message on kPolicyChannel), and every gateway computes
+// job's weights round (a rates message on kRatesChannel), and every gateway computes
 // collective::BalancedShardWeights of the same matrix, the split that minimises the busiest
 // link's time. Round = operation sequence / kWeightsRoundOps (16) within the job's generation, so the weights are re-agreed every 16 operations of a tensor key; the next round's
 // rates go out mid-round, so only a job's first round per generation waits for a round trip. A
@@ -93,8 +93,9 @@
 // request gets an error reply; the connection survives unless its framing is broken.
 //
 // Tunnels: ranks also open cross-region point-to-point tunnels through the gateway (the NCCL
-// plugin's cross-region connections); see "Tunnels" in local_protocol.h and tunnel.h. They travel
-// on link channels [1024, 1280) to the gateway of the same shard index in the other region.
+// plugin's cross-region connections); see "Tunnels" in localproto/protocol.h and tunnel.h. They
+// travel on link channels 1024..1279 (collective::kTunnelChannels) to the gateway of the same
+// shard index in the other region.
 //
 // Threads: one accept thread, one thread per client connection (plus a writer thread per open
 // tunnel and one tunnel supervisor); the WAN side runs on the endpoint's I/O thread. Public

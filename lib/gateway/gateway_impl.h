@@ -22,23 +22,26 @@
 
 #include "strait/codec.h"
 #include "collective/allreduce.h"
+#include "collective/channels.h"
 #include "collective/net_transport.h"
 #include "common/strings.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
-#include "gateway/http.h"
-#include "gateway/local_protocol.h"
-#include "gateway/metrics.h"
 #include "gateway/generation.h"
+#include "gateway/http.h"
+#include "gateway/metrics.h"
 #include "gateway/policy.h"
 #include "gateway/tunnel.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "net/link.h"
 
 namespace strait::gateway {
 
-// Link channels of the region transport: after the cross-region collective's (16..31) and apart
-// from the policy's (8) and the tunnels' (1024..1279), although they travel on links of their own.
-inline constexpr uint32_t kRegionCollectiveChannel = 32;
+// The local protocol straitd serves (localproto/protocol.h); tunnel.h names the rest of it.
+using localproto::DecodeMessageInto;
+using localproto::EncodeMessageHead;
+using localproto::ReadFrameInto;
 
 struct Gateway::Impl {
   GatewayConfig config;
@@ -134,23 +137,30 @@ struct Gateway::Impl {
   }
 
 
-  // Policy agreement (gateway.cc, "Policy"): messages on link channels the collective does not
-  // use arrive here (I/O thread; never blocks); offers go to peers; the agreed policy of a job,
-  // waiting for the other regions' offers until `deadline`; the tensor's codecs from it.
+  // Messages on link channels the collective does not use arrive in OnOtherChannel (I/O thread;
+  // never blocks), which `router` (set up by RouteChannels, before any link) hands to the owner
+  // of the channel's range in collective/channels.h: tunnels, generations, policy, rates.
+  collective::ChannelRouter router;
+  void RouteChannels();
   void OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message);
+  void OnGenerationMessage(int peer, std::vector<uint8_t> message);
+  // Policy agreement (gateway.cc, "Policy"): offers from peers, offers to peers; the agreed
+  // policy of a job, waiting for the other regions' offers until `deadline`; the tensor's codecs
+  // from it.
+  void OnPolicyMessage(int peer, std::vector<uint8_t> message);
   void SendPolicyOffers(const std::string& job, const std::vector<int>& peers);
   StatusOr<JobPolicy> AgreedPolicy(const std::string& job, Deadline deadline);
   Status ChooseCodecs(const Message& request, Deadline deadline, TensorCodec* tc);
 
   // Shard weights from measured link rates (gateway.cc, "Shard weights"; the rule is in
-  // policy.h): kRates messages on kPolicyChannel arrive in `weights_agreement` (set up by Start
+  // policy.h): rates messages on kRatesChannel arrive in `weights_agreement` (set up by Start
   // before any link); MeasuredWeights gives the agreed weights of operation `number` (empty =
   // equal shards), offering this gateway's egress rates and waiting for the peers' until
   // `deadline`.
   std::unique_ptr<WeightsAgreement> weights_agreement;
   std::vector<uint64_t> EgressRates();
   void SendToPeers(const std::vector<uint8_t>& message, const std::vector<int>& peers,
-                   uint32_t channel = kPolicyChannel);
+                   uint32_t channel);
   void SendToPeers(uint32_t channel, const std::vector<uint8_t>& message);  // to every peer
   StatusOr<std::vector<uint64_t>> MeasuredWeights(const std::string& job, uint64_t generation,
                                                   uint64_t sequence, Deadline deadline);
@@ -166,7 +176,7 @@ struct Gateway::Impl {
 
   // Region all-reduces (gateway.cc, "Region all-reduce"; gateway.h): the region's gateways as a
   // second NetTransport, rank = shard index, world = config.RegionSize(), on link channels
-  // [kRegionCollectiveChannel, + kCollectiveChannelCount) of same-region links. Each gateway
+  // collective::kRegionCollectiveChannels of same-region links. Each gateway
   // dials every other gateway of its region and sends over the link it dialed; what they send
   // arrives on links they dialed, which RegionReceiver() routes by the sender rank in the
   // NetTransport header. Set up by Start before any link; null when the region has one gateway.
@@ -211,7 +221,7 @@ struct Gateway::Impl {
   // the request's deadline.
   Message HandleJoin(Message& request);
 
-  // Recovering a step's result (kFetchResult; see "Result recovery" in local_protocol.h): each
+  // Recovering a step's result (kFetchResult; see "Result recovery" in localproto/protocol.h): each
   // gateway keeps the result of the last step it committed per (job, scope); a rank whose
   // gateway was killed after the commit asks its restarted gateway, which asks the peers.
   struct Committed {
@@ -240,7 +250,7 @@ struct Gateway::Impl {
 // A reply to a request of type `to` carrying `status` (and nothing else yet).
 Message Reply(MessageType to, const Status& status);
 // An all-reduce's error reply for a request refused before its step was used (data: one byte 0;
-// see "Operation identity" in local_protocol.h): the comm may issue that step again.
+// see "Operation identity" in localproto/protocol.h): the comm may issue that step again.
 Message Refused(MessageType to, const Status& status);
 
 }  // namespace strait::gateway

@@ -66,13 +66,14 @@
 #include <utility>
 #include <vector>
 
+#include "collective/channels.h"
 #include "common/clock.h"
 #include "strait/status.h"
 
 namespace strait::gateway {
 
-// Below the collective lanes (16..31), apart from the policy channel (8).
-inline constexpr uint32_t kGenerationChannel = 9;
+// The link channel of generation messages (collective/channels.h, the one channel map).
+using collective::kGenerationChannel;
 inline constexpr uint8_t kGenerationMessageVersion = 1;
 inline constexpr size_t kMaxGenerationJobBytes = 1024;
 inline constexpr size_t kMaxIdentityBytes = 1024;

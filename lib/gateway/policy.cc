@@ -3,7 +3,6 @@
 #include "gateway/policy.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -16,11 +15,6 @@
 
 namespace strait::gateway {
 namespace {
-
-constexpr const char* kPolicyGrammar =
-    "accepted: auto, none, zstd, zstd:<level -5..19>, int8, int4, fp8, auto:<int8|int4|fp8> "
-    "(auto that may also pick that lossy codec), each optionally followed by \",ef\" or "
-    "\",noef\" (e.g. \"int8,ef\", \"zstd:3\", \"auto:int8\")";
 
 bool Allowed(const std::vector<CodecId>& codecs, CodecId codec) {
   return std::find(codecs.begin(), codecs.end(), codec) != codecs.end();
@@ -41,67 +35,6 @@ CodecId BestLossless(const PolicyLimits& limits) {
 }
 
 }  // namespace
-
-StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text) {
-  PolicyRequest req;
-  std::vector<std::string_view> parts;
-  for (size_t start = 0;;) {
-    const size_t comma = text.find(',', start);
-    parts.push_back(
-        text.substr(start, comma == std::string_view::npos ? text.npos : comma - start));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  const std::string_view head = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (parts[i] == "ef") {
-      req.error_feedback = true;
-    } else if (parts[i] == "noef") {
-      req.error_feedback = false;
-    } else {
-      return InvalidArgumentError("compression policy \"" + std::string(text) +
-                                  "\": unknown option \"" + std::string(parts[i]) + "\"; " +
-                                  kPolicyGrammar);
-    }
-  }
-  const size_t colon = head.find(':');
-  const std::string_view name = head.substr(0, colon);
-  if (name == "auto") {
-    req.automatic = true;
-  } else if (auto id = ParseCodecId(name); id.has_value()) {
-    req.codec = *id;
-  } else {
-    return InvalidArgumentError("compression policy \"" + std::string(text) +
-                                "\": unknown codec \"" + std::string(name) + "\"; " +
-                                kPolicyGrammar);
-  }
-  if (colon != std::string_view::npos && req.automatic) {
-    const std::string_view lossy = head.substr(colon + 1);
-    auto id = ParseCodecId(lossy);
-    if (!id.has_value() || !IsLossyCodec(*id)) {
-      return InvalidArgumentError("compression policy \"" + std::string(text) +
-                                  "\": auto takes a lossy codec (int8, int4, fp8), not \"" +
-                                  std::string(lossy) + "\"; " + kPolicyGrammar);
-    }
-    req.auto_lossy = *id;
-  } else if (colon != std::string_view::npos) {
-    const std::string_view level = head.substr(colon + 1);
-    int v = 0;
-    auto [ptr, ec] = std::from_chars(level.data(), level.data() + level.size(), v);
-    if (req.codec != CodecId::kZstd) {
-      return InvalidArgumentError("compression policy \"" + std::string(text) +
-                                  "\": only zstd takes a level; " + kPolicyGrammar);
-    }
-    if (ec != std::errc() || ptr != level.data() + level.size() || v < kMinZstdLevel ||
-        v > kMaxZstdLevel) {
-      return InvalidArgumentError("compression policy \"" + std::string(text) +
-                                  "\": bad zstd level \"" + std::string(level) + "\"; " +
-                                  kPolicyGrammar);
-    }
-    req.zstd_level = v;
-  }
-  return req;
-}
 
 double CodecRelativeErrorBound(CodecId codec) {
   switch (codec) {
@@ -444,7 +377,12 @@ StatusOr<DecodedPolicyOffer> DecodePolicyOffer(std::span<const uint8_t> m) {
   if (m[0] != kPolicyMessageVersion) {
     return DataLossError("policy message version " + std::to_string(m[0]) +
                          " is not supported (this gateway speaks version " +
-                         std::to_string(kPolicyMessageVersion) + "); upgrade the older gateway");
+                         std::to_string(kPolicyMessageVersion) +
+                         (m[0] < kPolicyMessageVersion
+                              ? ", which carries shard-weight rates on their own link channel"
+                              : "") +
+                         "); upgrade the older gateway: every region must run a straitd of the "
+                         "same policy message version");
   }
   DecodedPolicyOffer d;
   if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kOffer) &&
@@ -510,8 +448,17 @@ StatusOr<std::optional<std::vector<uint8_t>>> PolicyAgreement::OnMessage(
     return InvalidArgumentError("policy message from rank " + std::to_string(peer) +
                                 " outside the world");
   }
-  STRAIT_ASSIGN_OR_RETURN(DecodedPolicyOffer d, DecodePolicyOffer(message));
+  StatusOr<DecodedPolicyOffer> decoded = DecodePolicyOffer(message);
+  if (!decoded.ok()) {
+    // Kept so that a job waiting for this peer's policy says why it never came (e.g. a peer of
+    // another version, whose every message is refused).
+    std::lock_guard<std::mutex> lock(mu_);
+    refusals_[peer] = decoded.status().message();
+    return decoded.status();
+  }
+  DecodedPolicyOffer& d = *decoded;
   std::lock_guard<std::mutex> lock(mu_);
+  refusals_.erase(peer);
   Job& j = jobs_[d.job];
   auto it = j.offers.find(peer);
   const bool changed =
@@ -565,14 +512,18 @@ StatusOr<JobPolicy> PolicyAgreement::Wait(const std::string& job, Deadline deadl
     if (it != jobs_.end() && it->second.merged.has_value()) return *it->second.merged;
     if (deadline.Expired() || (stop && stop())) {
       std::string missing;
+      std::string refused;
       for (size_t r = 0; r < world_.size(); ++r) {
         if (it == jobs_.end() || it->second.offers.count(static_cast<int>(r)) == 0) {
           AppendToList(missing, world_[r]);
+          auto why = refusals_.find(static_cast<int>(r));
+          if (why != refusals_.end()) refused += "; " + world_[r] + "'s refused: " + why->second;
         }
       }
       return DeadlineExceededError("job \"" + job + "\": no policy from " + missing +
                                    " before the deadline; register the job in every region (its "
-                                   "gateways agree on one policy before the first all-reduce)");
+                                   "gateways agree on one policy before the first all-reduce)" +
+                                   refused);
     }
     const int64_t wait_ns = std::min<int64_t>(deadline.RemainingNanos(), 50'000'000);
     cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns));
@@ -590,7 +541,7 @@ std::vector<uint8_t> EncodeRatesOffer(const std::string& job, const WeightsRound
   const size_t len = std::min(job.size(), kMaxPolicyJobBytes);
   const size_t n = std::min<size_t>(rates.size(), UINT16_MAX);
   std::vector<uint8_t> b(kRatesHeaderBytes + 8 * n + 2 + len, 0);
-  b[0] = kPolicyMessageVersion;
+  b[0] = kRatesMessageVersion;
   b[1] = static_cast<uint8_t>(PolicyMessageKind::kRates);
   PutU16(b.data() + 2, static_cast<uint16_t>(n));
   PutU64(b.data() + 4, round.world);
@@ -608,10 +559,10 @@ StatusOr<DecodedRatesOffer> DecodeRatesOffer(std::span<const uint8_t> m) {
                          " bytes is shorter than its " + std::to_string(kRatesHeaderBytes + 2) +
                          "-byte minimum");
   }
-  if (m[0] != kPolicyMessageVersion) {
+  if (m[0] != kRatesMessageVersion) {
     return DataLossError("rates message version " + std::to_string(m[0]) +
                          " is not supported (this gateway speaks version " +
-                         std::to_string(kPolicyMessageVersion) + "); upgrade the older gateway");
+                         std::to_string(kRatesMessageVersion) + "); upgrade the older gateway");
   }
   if (m[1] != static_cast<uint8_t>(PolicyMessageKind::kRates)) {
     return DataLossError("rates message: kind " + std::to_string(m[1]) + " is not kRates (3)");

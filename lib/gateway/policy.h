@@ -1,11 +1,9 @@
 // Job compression policy: what a job asks for, clamped to what the gateway operator allows,
 // agreed between the regions, and turned into a codec per tensor and per link.
 //
-// A job names its policy in one short string (STRAIT_COMPRESSION, or the register-job request):
-//   "auto" | "auto:<int8|int4|fp8>" | "none" | "zstd" | "zstd:<level>" | "int8" | "int4" | "fp8"
-//   then optional ",ef" / ",noef" (error feedback on/off; default from the gateway config).
-//   Examples: "int8,ef", "zstd:3", "auto", "auto:int8". An empty string means the gateway's
-//   default policy.
+// A job names its policy in one short string (STRAIT_COMPRESSION, or the register-job request)
+// in the grammar of localproto/policy_grammar.h, e.g. "int8,ef", "zstd:3", "auto", "auto:int8";
+// error feedback defaults to the gateway config. An empty string means the gateway's default.
 // The gateway clamps the request to its PolicyLimits: a codec that is not allowed, or a lossy
 // codec whose worst-case error exceeds max_relative_error, falls back to the best allowed
 // lossless codec (zstd, else none), and the reason is kept so that logs and the job can see it.
@@ -51,8 +49,10 @@
 #include <string_view>
 #include <vector>
 
+#include "collective/channels.h"
 #include "common/clock.h"
 #include "gateway/config.h"
+#include "localproto/policy_grammar.h"
 #include "net/adapt.h"
 #include "net/estimates.h"
 #include "strait/codec.h"
@@ -61,17 +61,10 @@
 
 namespace strait::gateway {
 
-// What the job asked for, syntactically valid but not yet clamped.
-struct PolicyRequest {
-  bool automatic = false;             // "auto" / "auto:<lossy>"
-  CodecId codec = CodecId::kNone;     // when !automatic
-  std::optional<CodecId> auto_lossy;  // "auto:<lossy>": the lossy codec auto may pick
-  std::optional<int> zstd_level;      // "zstd:<level>"
-  std::optional<bool> error_feedback;
-};
-
-// Parses a policy string; errors name the bad part and list what is accepted.
-StatusOr<PolicyRequest> ParsePolicyRequest(std::string_view text);
+// The request grammar is the local protocol's (localproto/policy_grammar.h): one parser for the
+// gateway, the plugin and library mode.
+using localproto::ParsePolicyRequest;
+using localproto::PolicyRequest;
 
 // Worst-case quantization error of a lossy codec relative to its block's absmax (0 for lossless
 // codecs): int8 1/254, int4 1/14, fp8 e4m3 1/16.
@@ -135,12 +128,14 @@ struct PolicyOffer {
 // `offers` must be non-empty; regions should be distinct.
 StatusOr<JobPolicy> MergePolicies(const std::string& job, std::span<const PolicyOffer> offers);
 
-// The link channel gateways exchange policy offers on (below the collective lanes 16..31).
-inline constexpr uint32_t kPolicyChannel = 8;
+// Gateways exchange policy offers on link channel kPolicyChannel and rates on kRatesChannel
+// (collective/channels.h, the one channel map).
+using collective::kPolicyChannel;
+using collective::kRatesChannel;
 
-// Control message, version 1 (little-endian):
+// Control message, version 2 (little-endian), on kPolicyChannel:
 //   off size field
-//     0    1 version (kPolicyMessageVersion = 1)
+//     0    1 version (kPolicyMessageVersion = 2)
 //     1    1 kind (PolicyMessageKind)
 //     2    1 flags: bit 0 automatic, bit 1 error feedback, bit 2 measured shard weights
 //     3    1 codec (CodecId)
@@ -154,12 +149,16 @@ inline constexpr uint32_t kPolicyChannel = 8;
 // A receiver refuses another version, an unknown kind or codec, or a length that does not
 // match, with kDataLoss naming the field; unknown allowed-codec bits are ignored (a newer codec
 // the peer allows cannot be in the intersection).
-inline constexpr uint8_t kPolicyMessageVersion = 1;
+// Version 1 carried the rates messages too (kind 3, told apart by peeking at that byte); version
+// 2 gives them kRatesChannel, so both messages changed version: a gateway of either version
+// refuses the other's messages by their version byte (kDataLoss "version 1 ... upgrade"), never
+// misparses them, and the job's policy wait names the refusing region (PolicyAgreement::Wait).
+inline constexpr uint8_t kPolicyMessageVersion = 2;
 inline constexpr size_t kMaxPolicyJobBytes = 1024;
 enum class PolicyMessageKind : uint8_t {
   kOffer = 1,  // "here is my policy for this job; send me yours"
   kReply = 2,  // an answer to kOffer: "here is mine" (not answered again)
-  kRates = 3,  // a gateway's measured egress rates for one weights round (EncodeRatesOffer)
+  kRates = 3,  // never on kPolicyChannel since version 2; byte 1 of a rates message
 };
 std::vector<uint8_t> EncodePolicyOffer(PolicyMessageKind kind, const std::string& job,
                                        const JobPolicy& policy);
@@ -203,7 +202,7 @@ class PolicyAgreement {
   std::optional<StatusOr<JobPolicy>> Agreed(const std::string& job) const;
   // Blocks until Agreed(job) or the deadline (or `stop()` turns true, checked every 50 ms).
   // kDeadlineExceeded names the regions that sent no policy for the job (not registered
-  // there, or unreachable).
+  // there, or unreachable), and why their last message was refused if it was (another version).
   StatusOr<JobPolicy> Wait(const std::string& job, Deadline deadline,
                            const std::function<bool()>& stop = nullptr) const;
 
@@ -219,6 +218,7 @@ class PolicyAgreement {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, Job> jobs_;
+  std::map<int, std::string> refusals_;  // peer -> why its last message was refused
 };
 
 // ---- Shard weights from measured link rates ----------------------------------------------------
@@ -264,10 +264,10 @@ struct WeightsRound {
   auto operator<=>(const WeightsRound&) const = default;
 };
 
-// Rates message (policy message version 1, kind kRates; little-endian), one gateway's egress
-// rates for one round of a job:
+// Rates message, version 2 (little-endian), on kRatesChannel: one gateway's egress rates for one
+// round of a job (version 1's layout, which travelled on the policy channel):
 //   off size field
-//     0    1 version (kPolicyMessageVersion = 1)
+//     0    1 version (kRatesMessageVersion = 2)
 //     1    1 kind (kRates = 3)
 //     2    2 n: number of rates (the world size)
 //     4    8 world
@@ -278,6 +278,7 @@ struct WeightsRound {
 //  30+8n   L job
 // A receiver refuses another version or kind, n other than its world size, or lengths that do
 // not match, with kDataLoss naming the field.
+inline constexpr uint8_t kRatesMessageVersion = 2;
 std::vector<uint8_t> EncodeRatesOffer(const std::string& job, const WeightsRound& round,
                                       const std::vector<uint64_t>& rates);
 struct DecodedRatesOffer {
@@ -296,7 +297,7 @@ bool RatesChanged(const std::vector<uint64_t>& base, const std::vector<uint64_t>
 // gateway wires it to its links:
 //   - when an operation may prefetch or needs round R: Offer(job, R, its rates); if it returns a
 //     message, send it to every peer;
-//   - on a kRates message on kPolicyChannel from peer p: OnMessage(p, bytes);
+//   - on a message on kRatesChannel from peer p: OnMessage(p, bytes);
 //   - for the operation: Weights(job, R, deadline), offering again to Missing(job, R) every
 //     second while it waits (a message lost with a link that died is sent again).
 // Thread-safe; Weights blocks, the rest does not. Keeps the last kKeptRounds rounds per job.

@@ -76,12 +76,13 @@ class WireReader {
 };
 
 StatusCode CheckedCode(uint64_t code, Status* error) {
-  if (code > static_cast<uint64_t>(StatusCode::kDataLoss)) {
+  const std::optional<StatusCode> known = localproto::StatusCodeFromWire(code);
+  if (!known.has_value()) {
     *error =
         InvalidArgumentError("tunnel message carries unknown status code " + std::to_string(code));
     return StatusCode::kUnknown;
   }
-  return static_cast<StatusCode>(code);
+  return *known;
 }
 
 // Writes all of `bytes` to the rank, in slices so that `give_up` (checked between them) can
@@ -105,20 +106,7 @@ Status WriteToFd(int fd, std::span<const uint8_t> bytes, const std::function<boo
   return Status::Ok();
 }
 
-Status WriteMessage(int fd, const Message& m, Deadline deadline) {
-  auto frame = EncodeMessage(m);
-  if (!frame.ok()) return frame.status();
-  return WriteAll(fd, *frame, deadline);
-}
-
-Message ReplyTo(MessageType to, const Status& status) {
-  Message m;
-  m.type = MessageType::kReply;
-  m.reply_to = to;
-  m.code = status.code();
-  m.text = status.message().substr(0, kMaxReplyTextBytes);
-  return m;
-}
+Message ReplyTo(MessageType to, const Status& status) { return localproto::ReplyMessage(to, status); }
 
 uint64_t Cost(uint64_t raw_bytes) {
   return raw_bytes + kTunnelMessageCost;

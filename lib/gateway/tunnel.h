@@ -1,18 +1,19 @@
 // Cross-region point-to-point tunnels in straitd: what carries the NCCL plugin's connections
 // between ranks of different regions. The local side of the protocol (kTunnelListen,
-// kTunnelConnect, kTunnelAccept, kTunnelData, kTunnelClose) is in local_protocol.h; this file holds
-// the WAN side (the tunnel wire format between two gateways), the lossless codec choice for the WAN
-// hop, and TunnelService, the state machine the gateway runs.
+// kTunnelConnect, kTunnelAccept, kTunnelData, kTunnelClose) is in localproto/protocol.h; this file
+// holds the WAN side (the tunnel wire format between two gateways), the lossless codec choice for
+// the WAN hop, and TunnelService, the state machine the gateway runs.
 //
 // Route: a rank in region B asks its gateway (shard s) to connect to a listen id of region A; the
 // gateway sends kOpen over its link to region A's gateway of the same shard index, which finds
 // the listen, announces the tunnel to the listening rank and, once that rank accepts, answers
 // kOpenOk. Then both gateways pump kData messages between the link and the two ranks' Unix
 // connections. Everything of one tunnel travels on one link channel (TunnelChannel(id)), so the
-// link's per-channel order keeps open, data and close in order; tunnels hash over
-// kTunnelChannelCount channels so that a big message of one tunnel holds up few others.
+// link's per-channel order keeps open, data and close in order; tunnels hash over the
+// collective::kTunnelChannels range (collective/channels.h) so that a big message of one tunnel
+// holds up few others.
 //
-// Wire message (link channel kTunnelChannelBase + id % kTunnelChannelCount), little-endian:
+// Wire message (link channel TunnelChannel(id)), little-endian:
 //   off size field
 //     0    1 version (kTunnelWireVersion = 1)
 //     1    1 kind (TunnelWireKind)
@@ -59,7 +60,9 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/local_protocol.h"
+#include "collective/channels.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "net/adapt.h"
 #include "net/estimates.h"
 #include "strait/codec.h"
@@ -71,19 +74,30 @@ class Link;
 
 namespace strait::gateway {
 
+// The local protocol the tunnels serve (localproto/protocol.h).
+using localproto::DecodeMessage;
+using localproto::EncodeMessage;
+using localproto::EncodeTunnelEvent;
+using localproto::kDefaultMaxMessageBytes;
+using localproto::kMaxReplyTextBytes;
+using localproto::Message;
+using localproto::MessageType;
+using localproto::MessageTypeName;
+using localproto::ReadFrame;
+using localproto::TunnelEvent;
+using localproto::TunnelEventKind;
+using localproto::WriteAll;
+using localproto::WriteMessage;
+
 inline constexpr uint8_t kTunnelWireVersion = 1;
 inline constexpr size_t kTunnelWireHeaderSize = 16;
-// Link channels reserved for tunnels (the collectives use channel 16).
-inline constexpr uint32_t kTunnelChannelBase = 1024;
-inline constexpr uint32_t kTunnelChannelCount = 256;
 // Bookkeeping cost of one message in the flow-control window, so that empty messages count.
 inline constexpr uint64_t kTunnelMessageCost = 64;
 
+// The link channel of a tunnel: tunnel ids hash over collective::kTunnelChannels.
 inline uint32_t TunnelChannel(uint64_t tunnel_id) {
-  return kTunnelChannelBase + static_cast<uint32_t>(tunnel_id % kTunnelChannelCount);
-}
-inline bool IsTunnelChannel(uint32_t channel) {
-  return channel >= kTunnelChannelBase && channel < kTunnelChannelBase + kTunnelChannelCount;
+  const collective::ChannelRange& r = collective::kTunnelChannels;
+  return r.first + static_cast<uint32_t>(tunnel_id % r.count);
 }
 
 enum class TunnelWireKind : uint8_t {

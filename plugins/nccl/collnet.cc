@@ -1,6 +1,6 @@
-// CollNet over straitd's region all-reduce (see collnet.h). The plugin speaks the local protocol's
-// frames itself (lib/gateway/local_protocol.h documents the layout) so that it does not link the
-// gateway module: a few fixed message types, written and parsed here.
+// CollNet over straitd's region all-reduce (see collnet.h). The local protocol is
+// strait::localproto's (lib/localproto/protocol.h), which the plugin links instead of the gateway
+// module.
 #include "plugins/nccl/collnet.h"
 
 #include <fcntl.h>
@@ -28,6 +28,9 @@
 
 #include "common/clock.h"
 #include "common/endian.h"
+#include "localproto/frame_io.h"
+#include "localproto/policy_grammar.h"
+#include "localproto/protocol.h"
 #include "plugins/nccl/api.h"
 #include "plugins/nccl/config.h"
 #include "plugins/nccl/transport.h"
@@ -59,27 +62,17 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
-constexpr const char* kCompressionNames[] = {"auto", "none", "zstd", "int8", "int4", "fp8"};
-
 // Handle layout (collnet.h).
 constexpr size_t kHandleRegionOffset = 32;
 constexpr size_t kHandleRegionMax = 63;
-constexpr size_t kHandleChecksumOffset = 96;
+constexpr size_t kHandlePolicyOffset = 96;
+constexpr size_t kHandlePolicyMax = 27;
+constexpr size_t kHandleChecksumOffset = 124;
+static_assert(localproto::kMaxCanonicalPolicyBytes <= kHandlePolicyMax);
+static_assert(kHandleChecksumOffset + 4 <= size_t{kNcclNetHandleMaxSize});
 
-// ---- local protocol frames (lib/gateway/local_protocol.h) --------------------------------------
+// ---- the local straitd (localproto/protocol.h) ------------------------------------------------
 
-constexpr uint32_t kLocalProtocolMagic = 0x504C5453;  // "STLP"
-constexpr uint16_t kLocalProtocolVersion = 2;
-enum : uint8_t {
-  kHello = 1,
-  kRegisterJob = 2,
-  kTunnelListen = 5,
-  kRegionAllReduce = 10,
-  kJoinJob = 12,
-  kReply = 128,
-};
-constexpr uint32_t kMaxReplyBody = 256u << 20;  // the protocol's default frame cap
-constexpr size_t kMaxReplyText = 16384;
 constexpr int64_t kNanosPerMs = 1'000'000;
 // A region all-reduce is bounded by the gateway's allreduce.deadline (timeout_ms 0 asks for it);
 // the plugin gives up on its own only if a gateway neither answers nor closes the connection.
@@ -87,58 +80,24 @@ constexpr double kOperationWatchdogSeconds = 3600;
 // Local round trips of listen (hello, register-job, tunnel-listen): milliseconds normally.
 constexpr double kLocalCallSeconds = 10;
 
-class Body {
- public:
-  explicit Body(uint8_t type) { out_.push_back(type); }
-  void U8(uint8_t v) { out_.push_back(v); }
-  void Le(uint64_t v, int n) { AppendLe(&out_, v, static_cast<size_t>(n)); }
-  void Str(const std::string& s) {
-    Le(s.size(), 2);
-    out_.insert(out_.end(), s.begin(), s.end());
-  }
-  // The frame: the 4-byte length of the body plus `extra` bytes that the caller sends after it.
-  std::vector<uint8_t> Frame(size_t extra = 0) const {
-    std::vector<uint8_t> f(4);
-    PutLe(f.data(), out_.size() + extra, 4);
-    f.insert(f.end(), out_.begin(), out_.end());
-    return f;
-  }
+using localproto::Message;
+using localproto::MessageType;
 
- private:
-  std::vector<uint8_t> out_;
-};
-
-// A blocking connection to the local straitd over a non-blocking Unix socket: every wait is a
-// poll() bounded by a deadline, and Shutdown() from another thread ends any wait at once.
+// A blocking connection to the local straitd: localproto's frame I/O, where every wait is bounded
+// by a deadline and Shutdown() from another thread ends any wait at once.
 class GatewayConnection {
  public:
   static StatusOr<std::unique_ptr<GatewayConnection>> Open(const std::string& path,
                                                            Deadline deadline) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(addr.sun_path)) {
-      return InvalidArgumentError("STRAIT_GATEWAY=\"" + path + "\" is too long for a Unix socket");
-    }
-    std::memcpy(addr.sun_path, path.data(), path.size());
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return InternalError(std::string("socket(AF_UNIX): ") + std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      const int err = errno;
-      ::close(fd);
+    // No waiting for a gateway that is not there: NCCL falls back to its own all-reduce at once.
+    StatusOr<int> fd = localproto::Dial(path, deadline, "nccl-collnet", /*wait_for_gateway=*/false);
+    if (!fd.ok()) {
+      if (fd.status().code() != StatusCode::kUnavailable) return fd.status();
       return UnavailableError("cannot reach straitd at STRAIT_GATEWAY=\"" + path +
-                              "\": " + std::strerror(err) +
+                              "\": " + fd.status().message() +
                               "; start the node's straitd or fix STRAIT_GATEWAY");
     }
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    std::unique_ptr<GatewayConnection> c(new GatewayConnection(fd, path));
-    Body hello(kHello);
-    hello.Le(kLocalProtocolMagic, 4);
-    hello.Le(kLocalProtocolVersion, 2);
-    hello.Str("nccl-collnet");
-    STRAIT_RETURN_IF_ERROR(c->Send(hello.Frame(), nullptr, 0, deadline));
-    STRAIT_ASSIGN_OR_RETURN(Reply r, c->ReadReply(kHello, nullptr, 0, deadline));
-    STRAIT_RETURN_IF_ERROR(r.status);
-    return c;
+    return std::unique_ptr<GatewayConnection>(new GatewayConnection(*fd, path));
   }
 
   ~GatewayConnection() { ::close(fd_); }
@@ -151,32 +110,26 @@ class GatewayConnection {
   // Returns the policy the gateway resolved.
   StatusOr<std::string> RegisterJob(const std::string& job, const std::string& policy,
                                     Deadline deadline) {
-    Body b(kRegisterJob);
-    b.Str(job);
-    b.Str(policy);
-    STRAIT_RETURN_IF_ERROR(Send(b.Frame(), nullptr, 0, deadline));
-    STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kRegisterJob, nullptr, 0, deadline));
-    STRAIT_RETURN_IF_ERROR(r.status);
-    return r.text;
+    Message m = Request(MessageType::kRegisterJob);
+    m.job = job;
+    m.policy = policy;
+    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, deadline));
+    return reply.text;
   }
 
   // Which region and shard index the gateway serves, from a tunnel listen's kListening event
   // (the documented way to learn them). The connection belongs to the listen afterwards: close it.
   Status ProbeRegionAndShard(Deadline deadline, std::string* region, uint32_t* shard) {
-    Body b(kTunnelListen);
-    STRAIT_RETURN_IF_ERROR(Send(b.Frame(), nullptr, 0, deadline));
-    STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kTunnelListen, nullptr, 0, deadline));
-    STRAIT_RETURN_IF_ERROR(r.status);
-    // TunnelEvent: u8 kind (1 = listening), u64 id, u32 shard, string region.
-    const std::vector<uint8_t>& d = r.data;
-    if (d.size() < 15 || d[0] != 1) {
-      return DataLossError("straitd at " + path_ + " answered the tunnel listen with an event of " +
-                           std::to_string(d.size()) + " bytes that is not a listening event");
+    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(Request(MessageType::kTunnelListen), deadline));
+    StatusOr<localproto::TunnelEvent> event = localproto::DecodeTunnelEvent(reply.data);
+    if (!event.ok() || event->kind != localproto::TunnelEventKind::kListening) {
+      const std::string why = event.ok() ? std::string() : ": " + event.status().ToString();
+      return DataLossError("straitd at " + path_ +
+                           " answered the tunnel listen with an event that is not a listening "
+                           "event" + why);
     }
-    *shard = static_cast<uint32_t>(GetLe(&d[9], 4));
-    const size_t len = static_cast<size_t>(GetLe(&d[13], 2));
-    if (d.size() != 15 + len) return DataLossError("straitd's listening event has a bad region");
-    region->assign(reinterpret_cast<const char*>(&d[15]), len);
+    *shard = event->shard;
+    *region = event->region;
     return Status::Ok();
   }
 
@@ -184,21 +137,19 @@ class GatewayConnection {
   // the comm's operations are numbered within it.
   StatusOr<uint64_t> JoinJob(const std::string& job, uint64_t scope, uint32_t timeout_ms,
                              Deadline deadline) {
-    Body b(kJoinJob);
-    b.Str(job);
-    b.Le(scope, 8);
-    b.Le(timeout_ms, 4);
-    b.Le(0, 8);  // resume: unknown (NCCL does not tell the plugin which steps it completed)
-    STRAIT_RETURN_IF_ERROR(Send(b.Frame(), nullptr, 0, deadline));
-    STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kJoinJob, nullptr, 0, deadline));
-    STRAIT_RETURN_IF_ERROR(r.status);
-    if (r.data.size() != 8 || GetLe(r.data.data(), 8) == 0) {
+    Message m = Request(MessageType::kJoinJob);
+    m.job = job;
+    m.scope = scope;
+    m.timeout_ms = timeout_ms;
+    m.resume = 0;  // unknown (NCCL does not tell the plugin which steps it completed)
+    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, deadline));
+    if (reply.data.size() != 8 || GetLe(reply.data.data(), 8) == 0) {
       return DataLossError("straitd at " + path_ + " answered join-job without a generation");
     }
-    return GetLe(r.data.data(), 8);
+    return GetLe(reply.data.data(), 8);
   }
 
-  // The identity of one region all-reduce (local_protocol.h, "Operation identity").
+  // The identity of one region all-reduce (localproto/protocol.h, "Operation identity").
   struct Identity {
     uint64_t generation = 0;
     uint64_t sequence = 0;
@@ -206,145 +157,74 @@ class GatewayConnection {
   };
 
   // One region all-reduce: `count` elements from `send` into `recv` (may be the same buffer).
+  // The tensor goes out straight from `send` and the result comes back straight into `recv`.
   Status RegionAllReduce(const std::string& job, const std::string& key, DataType dtype,
                          ReduceOp op, const void* send, void* recv, size_t count,
                          uint32_t timeout_ms, const Identity& id, Deadline deadline) {
     const size_t bytes = count * DataTypeSize(dtype);
-    Body b(kRegionAllReduce);
-    b.Str(job);
-    b.Str(key);
-    b.U8(static_cast<uint8_t>(dtype));
-    b.U8(static_cast<uint8_t>(op));
-    b.Le(count, 8);
-    b.Le(timeout_ms, 4);
-    b.Le(id.generation, 8);
-    b.Le(id.sequence, 8);
-    b.Le(id.scope, 8);
-    STRAIT_RETURN_IF_ERROR(Send(b.Frame(bytes), send, bytes, deadline));
-    STRAIT_ASSIGN_OR_RETURN(Reply r, ReadReply(kRegionAllReduce, recv, bytes, deadline));
-    return r.status;
+    Message m = Request(MessageType::kRegionAllReduce);
+    m.job = job;
+    m.tensor_key = key;
+    m.dtype = dtype;
+    m.op = op;
+    m.count = count;
+    m.timeout_ms = timeout_ms;
+    m.generation = id.generation;
+    m.sequence = id.sequence;
+    m.scope = id.scope;
+    StatusOr<std::vector<uint8_t>> head = localproto::EncodeMessageHead(m, bytes);
+    if (!head.ok()) return head.status();
+    Status s = localproto::WriteAll(fd_, *head, deadline);
+    if (s.ok() && bytes > 0) {
+      s = localproto::WriteAll(fd_, std::span(static_cast<const uint8_t*>(send), bytes), deadline);
+    }
+    if (!s.ok()) return Lost(s);
+    size_t data_size = 0;
+    StatusOr<Message> reply = localproto::ReadReplyHead(fd_, m.type, deadline, &data_size);
+    if (!reply.ok()) return Lost(reply.status());
+    if (reply->code == StatusCode::kOk && data_size != bytes) {
+      return DataLossError("straitd at " + path_ + " returned " + std::to_string(data_size) +
+                           " bytes for a " + std::to_string(bytes) + "-byte all-reduce");
+    }
+    if (reply->code != StatusCode::kOk && data_size > localproto::kMaxControlBodyBytes) {
+      return DataLossError("straitd at " + path_ + " sent an error reply with " +
+                           std::to_string(data_size) + " data bytes");
+    }
+    // An error reply's data (the refusal marker) is read and dropped: the step failed either way.
+    std::vector<uint8_t> dropped(reply->code == StatusCode::kOk ? 0 : data_size);
+    const std::span<uint8_t> into = reply->code == StatusCode::kOk
+                                        ? std::span(static_cast<uint8_t*>(recv), bytes)
+                                        : std::span<uint8_t>(dropped);
+    if (Status r = localproto::ReadFrameBytes(fd_, into, deadline); !r.ok()) return Lost(r);
+    return Answer(*reply);
   }
 
  private:
-  struct Reply {
-    Status status;  // the gateway's answer (its code and message)
-    std::string text;
-    std::vector<uint8_t> data;  // unless it went straight to the caller's buffer
-  };
-
   GatewayConnection(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 
-  Status Lost(const std::string& what) const {
-    return UnavailableError("connection to straitd at " + path_ + " lost: " + what);
+  static Message Request(MessageType type) {
+    Message m;
+    m.type = type;
+    return m;
   }
 
-  // Waits until the socket is ready for `events`; kDeadlineExceeded after `deadline`.
-  Status Wait(short events, Deadline deadline) {
-    while (true) {
-      const int64_t left = deadline.RemainingNanos();
-      if (left <= 0) {
-        return DeadlineExceededError("straitd at " + path_ + " did not answer in time");
-      }
-      pollfd p{fd_, events, 0};
-      const int ms = static_cast<int>(std::min<int64_t>(left / kNanosPerMs + 1, 1000));
-      const int rc = ::poll(&p, 1, ms);
-      if (rc < 0 && errno != EINTR) return Lost(std::string("poll: ") + std::strerror(errno));
-      if (rc > 0) return Status::Ok();
-    }
+  Status Lost(const Status& why) const {
+    return why.WithContext("connection to straitd at " + path_);
   }
 
-  // Writes `head` then `size` bytes at `data`.
-  Status Send(const std::vector<uint8_t>& head, const void* data, size_t size, Deadline deadline) {
-    size_t done = 0;
-    const size_t total = head.size() + size;
-    while (done < total) {
-      iovec iov[2];
-      int n = 0;
-      if (done < head.size()) {
-        iov[n++] = {const_cast<uint8_t*>(head.data()) + done, head.size() - done};
-        if (size > 0) iov[n++] = {const_cast<void*>(data), size};
-      } else {
-        iov[n++] = {static_cast<uint8_t*>(const_cast<void*>(data)) + (done - head.size()),
-                    total - done};
-      }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(n);
-      // MSG_NOSIGNAL: a gateway that went away must be an error, not a SIGPIPE in a training job.
-      const ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-      if (w > 0) {
-        done += static_cast<size_t>(w);
-      } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        STRAIT_RETURN_IF_ERROR(Wait(POLLOUT, deadline));
-      } else {
-        return Lost(w < 0 ? std::strerror(errno) : "write returned 0");
-      }
-    }
-    return Status::Ok();
+  // The gateway's answer as a Status (its code and message).
+  Status Answer(const Message& reply) const {
+    if (reply.code == StatusCode::kOk) return Status::Ok();
+    return Status(reply.code, "straitd at " + path_ + ": " + reply.text);
   }
 
-  Status Receive(void* out, size_t size, Deadline deadline) {
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t r = ::recv(fd_, static_cast<uint8_t*>(out) + done, size - done, 0);
-      if (r > 0) {
-        done += static_cast<size_t>(r);
-      } else if (r == 0) {
-        return Lost("straitd closed the connection");
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        STRAIT_RETURN_IF_ERROR(Wait(POLLIN, deadline));
-      } else {
-        return Lost(std::strerror(errno));
-      }
-    }
-    return Status::Ok();
-  }
-
-  // Reads one reply frame to a request of type `expect`. A successful reply's data goes straight
-  // to `sink` when it is exactly `sink_size` bytes (the all-reduce result); otherwise into
-  // Reply::data (and an all-reduce result of the wrong size is an error).
-  StatusOr<Reply> ReadReply(uint8_t expect, void* sink, size_t sink_size, Deadline deadline) {
-    uint8_t head[12];  // length, type, reply_to, code, text length
-    STRAIT_RETURN_IF_ERROR(Receive(head, sizeof(head), deadline));
-    const uint64_t length = GetLe(head, 4);
-    if (length < 8 || length > kMaxReplyBody || head[4] != kReply) {
-      return DataLossError("straitd at " + path_ + " sent a frame that is not a reply (type " +
-                           std::to_string(head[4]) + ", " + std::to_string(length) + " bytes)");
-    }
-    const uint8_t reply_to = head[5];
-    const uint32_t code = static_cast<uint32_t>(GetLe(head + 6, 4));
-    const size_t text_len = static_cast<size_t>(GetLe(head + 10, 2));
-    if (text_len > kMaxReplyText || 8 + text_len > length) {
-      return DataLossError("straitd at " + path_ + " sent a reply with a bad text length");
-    }
-    Reply r;
-    r.text.resize(text_len);
-    STRAIT_RETURN_IF_ERROR(Receive(r.text.data(), text_len, deadline));
-    const size_t data_len = static_cast<size_t>(length - 8 - text_len);
-    if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
-      return DataLossError("straitd at " + path_ + " answered with unknown status code " +
-                           std::to_string(code));
-    }
-    const bool ok = code == 0;
-    if (ok && sink != nullptr && data_len == sink_size) {
-      STRAIT_RETURN_IF_ERROR(Receive(sink, data_len, deadline));
-    } else {
-      r.data.resize(data_len);
-      STRAIT_RETURN_IF_ERROR(Receive(r.data.data(), data_len, deadline));
-      if (ok && sink != nullptr) {
-        return DataLossError("straitd at " + path_ + " returned " + std::to_string(data_len) +
-                             " bytes for a " + std::to_string(sink_size) + "-byte all-reduce");
-      }
-    }
-    if (reply_to != expect && ok) {
-      return DataLossError("straitd at " + path_ + " answered request type " +
-                           std::to_string(expect) + " with a reply to type " +
-                           std::to_string(reply_to));
-    }
-    if (!ok) {
-      r.status = Status(static_cast<StatusCode>(code), "straitd at " + path_ + ": " + r.text);
-    }
-    return r;
+  // One request without bulk data and its whole reply; the gateway's error as the Status.
+  StatusOr<Message> Call(const Message& request, Deadline deadline) {
+    if (Status s = localproto::WriteMessage(fd_, request, deadline); !s.ok()) return Lost(s);
+    StatusOr<Message> reply = localproto::ReadReply(fd_, request.type, deadline);
+    if (!reply.ok()) return Lost(reply.status());
+    STRAIT_RETURN_IF_ERROR(Answer(*reply));
+    return reply;
   }
 
   const int fd_;
@@ -512,16 +392,11 @@ Status DoListen(int dev, void* handle, void** listen_comm) {
   auto lc = std::make_unique<ListenComm>();
   STRAIT_RETURN_IF_ERROR(LoadConfig(&lc->config));
   const PluginConfig& cfg = lc->config;
-  STRAIT_ASSIGN_OR_RETURN(lc->handle.compression, CollNetCompressionCode(cfg.compression));
+  STRAIT_ASSIGN_OR_RETURN(lc->handle.policy, CollNetPolicy(cfg.compression));
   const Deadline deadline = Deadline::AfterSeconds(kLocalCallSeconds);
   STRAIT_ASSIGN_OR_RETURN(auto conn, GatewayConnection::Open(cfg.gateway, deadline));
-  // Error feedback is off for lossy policies: it keeps a residual per tensor key and adds it to
-  // the key's next operation, but a CollNet key carries whatever chunk NCCL posts next (slot
-  // k mod kCollNetSlots), so the residual would land on unrelated data.
-  const bool lossy =
-      cfg.compression == "int8" || cfg.compression == "int4" || cfg.compression == "fp8";
-  const std::string request = cfg.compression + (lossy ? ",noef" : "");
-  STRAIT_ASSIGN_OR_RETURN(std::string policy, conn->RegisterJob(cfg.job_id, request, deadline));
+  STRAIT_ASSIGN_OR_RETURN(std::string policy,
+                          conn->RegisterJob(cfg.job_id, lc->handle.policy, deadline));
   std::string region;
   uint32_t shard = 0;
   STRAIT_RETURN_IF_ERROR(conn->ProbeRegionAndShard(deadline, &region, &shard));
@@ -744,14 +619,16 @@ void EncodeCollNetHandle(const CollNetHandle& h, void* out) {
   uint8_t* p = static_cast<uint8_t*>(out);
   std::memset(p, 0, kNcclNetHandleMaxSize);
   const size_t region_len = std::min(h.region.size(), kHandleRegionMax);
+  const size_t policy_len = std::min(h.policy.size(), kHandlePolicyMax);
   PutLe(p + 0, kCollNetHandleMagic, 4);
   PutLe(p + 4, kCollNetHandleVersion, 2);
   p[6] = static_cast<uint8_t>(region_len);
-  p[7] = h.compression;
+  p[7] = static_cast<uint8_t>(policy_len);
   PutLe(p + 8, h.nonce, 8);
   PutLe(p + 16, h.shard, 4);
   PutLe(p + 24, h.job_hash, 8);
   std::memcpy(p + kHandleRegionOffset, h.region.data(), region_len);
+  std::memcpy(p + kHandlePolicyOffset, h.policy.data(), policy_len);
   PutLe(p + kHandleChecksumOffset, Fnv1a32(p, kHandleChecksumOffset), 4);
 }
 
@@ -771,17 +648,23 @@ StatusOr<CollNetHandle> DecodeCollNetHandle(const void* in) {
     return InvalidArgumentError("CollNet handle checksum mismatch (corrupted handle)");
   }
   const size_t region_len = p[6];
+  const size_t policy_len = p[7];
   if (region_len == 0 || region_len > kHandleRegionMax ||
-      p[kHandleRegionOffset + region_len] != 0 || p[7] >= std::size(kCompressionNames) ||
-      GetLe(p + 20, 4) != 0) {
-    return InvalidArgumentError("CollNet handle has a bad region, compression or reserved field");
+      p[kHandleRegionOffset + region_len] != 0 || policy_len == 0 ||
+      policy_len > kHandlePolicyMax || GetLe(p + 20, 4) != 0) {
+    return InvalidArgumentError("CollNet handle has a bad region, policy or reserved field");
   }
   CollNetHandle h;
-  h.compression = p[7];
   h.nonce = GetLe(p + 8, 8);
   h.shard = static_cast<uint32_t>(GetLe(p + 16, 4));
   h.job_hash = GetLe(p + 24, 8);
   h.region.assign(reinterpret_cast<const char*>(p + kHandleRegionOffset), region_len);
+  h.policy.assign(reinterpret_cast<const char*>(p + kHandlePolicyOffset), policy_len);
+  // Only canonical text compares equal across heads exactly when the policies are the same.
+  StatusOr<localproto::PolicyRequest> request = localproto::ParsePolicyRequest(h.policy);
+  if (!request.ok() || localproto::FormatPolicyRequest(*request) != h.policy) {
+    return InvalidArgumentError("CollNet handle carries a policy that is not canonical text");
+  }
   return h;
 }
 
@@ -794,12 +677,14 @@ uint64_t CollNetJobHash(std::string_view job) {
   return h;
 }
 
-StatusOr<uint8_t> CollNetCompressionCode(std::string_view compression) {
-  for (size_t i = 0; i < std::size(kCompressionNames); ++i) {
-    if (compression == kCompressionNames[i]) return static_cast<uint8_t>(i);
+StatusOr<std::string> CollNetPolicy(std::string_view compression) {
+  StatusOr<localproto::PolicyRequest> request = localproto::ParsePolicyRequest(compression);
+  if (!request.ok()) {
+    return InvalidArgumentError("STRAIT_COMPRESSION=\"" + std::string(compression) +
+                                "\" is invalid: " + request.status().message());
   }
-  return InvalidArgumentError("STRAIT_COMPRESSION=\"" + std::string(compression) +
-                              "\" is invalid; allowed: auto, none, zstd, int8, int4, fp8");
+  if (localproto::MayGoLossy(*request)) request->error_feedback = false;
+  return localproto::FormatPolicyRequest(*request);
 }
 
 StatusOr<CollNetGroup> PlanCollNetGroup(const std::vector<CollNetHandle>& handles) {
@@ -814,11 +699,9 @@ StatusOr<CollNetGroup> PlanCollNetGroup(const std::vector<CollNetHandle>& handle
                                   " have different STRAIT_JOB_ID values; every rank of a job "
                                   "must set the same STRAIT_JOB_ID");
     }
-    if (h.compression != first.compression) {
-      return InvalidArgumentError("node head 0 has STRAIT_COMPRESSION=" +
-                                  std::string(kCompressionNames[first.compression]) +
-                                  " but node head " + std::to_string(i) + " has " +
-                                  kCompressionNames[h.compression] +
+    if (h.policy != first.policy) {
+      return InvalidArgumentError("node head 0 has STRAIT_COMPRESSION=" + first.policy +
+                                  " but node head " + std::to_string(i) + " has " + h.policy +
                                   "; every rank of a job must set the same STRAIT_COMPRESSION");
     }
     if (!nonces.insert(h.nonce).second) {

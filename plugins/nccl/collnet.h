@@ -8,8 +8,7 @@
 // How NCCL's calls map onto straitd:
 //   listen   reads STRAIT_GATEWAY, STRAIT_JOB_ID and STRAIT_COMPRESSION, asks the local straitd
 //            (one short round trip) which region and shard index it serves and registers the job
-//            with its policy (lossy ones with ",noef": a CollNet tensor key carries a different
-//            chunk each time, so an error-feedback residual would land on unrelated data); the
+//            with its policy (CollNetPolicy: error feedback off where it may go lossy); the
 //            128-byte handle carries that (see CollNetHandle).
 //   connect  (a blocking collective of every node head) checks that the heads form a valid
 //            group from the handles alone: one job, one compression policy, every region with
@@ -61,27 +60,35 @@ inline constexpr int kCollNetMaxRequests = 64;  // iallreduce requests outstandi
 // protocol's 256 MiB cap (a gateway may configure less) and a gateway's memory per operation small.
 inline constexpr size_t kCollNetPieceBytes = 16u << 20;
 
-// CollNet listen handle, wire version 1 (little-endian, 128 bytes, never renumbered):
-//   0 u32 magic "STCN" · 4 u16 version · 6 u8 region length · 7 u8 compression code ·
+// CollNet listen handle, wire version 2 (little-endian, 128 bytes, never renumbered):
+//   0 u32 magic "STCN" · 4 u16 version · 6 u8 region length · 7 u8 policy length ·
 //   8 u64 nonce · 16 u32 gateway shard index · 20 u32 zero · 24 u64 FNV-1a of STRAIT_JOB_ID ·
-//   32 [64] the gateway's region (NUL padded) · 96 u32 FNV-1a checksum of bytes 0-95 · 100 zero.
-// Compression codes: auto 0, none 1, zstd 2, int8 3, int4 4, fp8 5.
+//   32 [64] the gateway's region (NUL padded) · 96 [28] the compression policy CollNet registers,
+//   as its canonical text (localproto/policy_grammar.h, NUL padded) · 124 u32 FNV-1a checksum of
+//   bytes 0-123.
+// Version 1 carried the policy as a code of its own (auto 0, none 1, zstd 2, int8 3, int4 4,
+// fp8 5); version 2 carries the grammar's text, so that every policy the gateway accepts (zstd:3,
+// auto:int8, ...) works in CollNet too, with no codec numbering but strait::CodecId's. A version-1
+// handle is refused, naming both versions.
 inline constexpr uint32_t kCollNetHandleMagic = 0x4E435453;  // "STCN"
-inline constexpr uint16_t kCollNetHandleVersion = 1;
+inline constexpr uint16_t kCollNetHandleVersion = 2;
 struct CollNetHandle {
   uint64_t nonce = 0;
   uint32_t shard = 0;
   uint64_t job_hash = 0;
-  uint8_t compression = 0;
-  std::string region;  // 1-63 bytes
+  std::string policy = "auto";  // canonical policy text (CollNetPolicy), 1-27 bytes
+  std::string region;           // 1-63 bytes
 };
 void EncodeCollNetHandle(const CollNetHandle& handle, void* out);  // writes 128 bytes
-// kInvalidArgument naming the check that failed (magic, version, checksum, region).
+// kInvalidArgument naming the check that failed (magic, version, checksum, region, policy).
 StatusOr<CollNetHandle> DecodeCollNetHandle(const void* in);
 
 uint64_t CollNetJobHash(std::string_view job);
-// The code of a STRAIT_COMPRESSION value; kInvalidArgument for anything else.
-StatusOr<uint8_t> CollNetCompressionCode(std::string_view compression);
+// The policy CollNet registers for a STRAIT_COMPRESSION value, as canonical text: the value with
+// error feedback off wherever it may go lossy (a CollNet tensor key carries a different chunk each
+// time, so an error-feedback residual would land on unrelated data). kInvalidArgument for a value
+// the grammar refuses.
+StatusOr<std::string> CollNetPolicy(std::string_view compression);
 
 // What every node head derives from the same handles (rank order).
 struct CollNetGroup {

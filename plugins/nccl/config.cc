@@ -12,12 +12,12 @@
 #include <fstream>
 
 #include "common/units.h"
+#include "localproto/policy_grammar.h"
 
 namespace strait::nccl {
 namespace {
 
 constexpr const char* kRegionAllowed = "1-63 characters from letters, digits, '-', '_' and '.'";
-constexpr const char* kCompressionAllowed = "auto, none, zstd, int8, int4, fp8";
 
 std::string Quote(std::string_view v) {
   return "\"" + std::string(v) + "\"";
@@ -206,11 +206,13 @@ StatusOr<PluginConfig> ParseConfig(const EnvGetter& env) {
     c.job_id = *v;
   }
   if (auto v = env("STRAIT_COMPRESSION")) {
-    static constexpr const char* kNames[] = {"auto", "none", "zstd", "int8", "int4", "fp8"};
-    bool ok = false;
-    for (const char* n : kNames) ok = ok || *v == n;
-    if (!ok) return Bad("STRAIT_COMPRESSION", *v, kCompressionAllowed);
-    c.compression = *v;
+    // The gateway's own grammar (localproto/policy_grammar.h), kept as its canonical text.
+    StatusOr<localproto::PolicyRequest> policy = localproto::ParsePolicyRequest(*v);
+    if (!policy.ok()) {
+      return Bad("STRAIT_COMPRESSION", *v,
+                 "straitd's policy grammar (" + policy.status().message() + ")");
+    }
+    c.compression = localproto::FormatPolicyRequest(*policy);
   }
   if (auto v = env("STRAIT_SOCKET_IFNAME")) {
     std::string_view spec = Trim(*v);

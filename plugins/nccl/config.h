@@ -15,7 +15,9 @@
 //   STRAIT_WAN_SPEED_MBPS  the speed (Mbit/s) getProperties reports: 1-10000000 (default: the
 //                        interface's speed)
 //   STRAIT_JOB_ID        the job's name at the gateway (1-64 of letters, digits, '-', '_', '.')
-//   STRAIT_COMPRESSION   auto | none | zstd | int8 | int4 | fp8 (the job's cross-region policy)
+//   STRAIT_COMPRESSION   the job's cross-region policy in the gateway's grammar
+//                        (localproto/policy_grammar.h): auto, none, zstd, zstd:3, int8, int8,ef,
+//                        auto:int8, ...; kept as its canonical text
 //   STRAIT_SOCKET_IFNAME interfaces to use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes,
 //                        "^" to exclude, "=" for exact names (default: first up non-loopback
 //                        IPv4 interface, else loopback)

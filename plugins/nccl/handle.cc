@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <stdexcept>
 
 #include "common/endian.h"
 
@@ -182,175 +184,75 @@ ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]) {
 
 namespace {
 
-class FrameWriter {
- public:
-  explicit FrameWriter(LocalType type) {
-    out_.resize(4);
-    out_.push_back(static_cast<unsigned char>(type));
-  }
-  void U8(uint8_t v) { out_.push_back(v); }
-  void U16(uint16_t v) { Le(v, 2); }
-  void U32(uint32_t v) { Le(v, 4); }
-  void U64(uint64_t v) { Le(v, 8); }
-  void Str(const std::string& s) {
-    const size_t n = std::min<size_t>(s.size(), 65535);
-    U16(static_cast<uint16_t>(n));
-    out_.insert(out_.end(), s.begin(), s.begin() + static_cast<long>(n));
-  }
-  std::vector<unsigned char> Done() {
-    PutU32(out_.data(), static_cast<uint32_t>(out_.size() - 4));
-    return std::move(out_);
-  }
+// The whole frame of a message whose fields the callers keep within the protocol's limits, so
+// that encoding cannot fail (a failure is a programmer error; the C boundary catches it).
+std::vector<unsigned char> Frame(const localproto::Message& m) {
+  StatusOr<std::vector<uint8_t>> frame = localproto::EncodeMessage(m);
+  if (!frame.ok()) throw std::logic_error("local frame: " + frame.status().ToString());
+  return std::move(*frame);
+}
 
- private:
-  void Le(uint64_t v, int n) { AppendLe(&out_, v, static_cast<size_t>(n)); }
-  std::vector<unsigned char> out_;
-};
+localproto::Message Request(LocalType type) {
+  localproto::Message m;
+  m.type = type;
+  return m;
+}
 
-// Bounds-checked reads of a body; the first failure sticks.
-class FrameReader {
- public:
-  FrameReader(const unsigned char* p, size_t n) : p_(p), n_(n) {}
-  uint64_t Le(size_t bytes, const char* what) {
-    if (!ok_ || n_ - at_ < bytes) return Short(what);
-    const uint64_t v = GetLe(p_ + at_, bytes);
-    at_ += bytes;
-    return v;
+StatusOr<LocalReply> DecodeOf(LocalType type, const unsigned char* body, size_t size) {
+  StatusOr<localproto::Message> m = localproto::DecodeMessage(std::span(body, size));
+  if (!m.ok()) return m.status().WithContext("bad frame from the gateway");
+  if (m->type != type) {
+    return InvalidArgumentError(std::string("the gateway sent a ") +
+                                localproto::MessageTypeName(m->type) + " message where a " +
+                                localproto::MessageTypeName(type) + " was due (protocol error)");
   }
-  std::string Str(const char* what) {
-    const size_t len = static_cast<size_t>(Le(2, what));
-    if (!ok_ || n_ - at_ < len) {
-      Short(what);
-      return {};
-    }
-    std::string s(reinterpret_cast<const char*>(p_ + at_), len);
-    at_ += len;
-    return s;
-  }
-  std::vector<unsigned char> Rest() {
-    std::vector<unsigned char> v(p_ + at_, p_ + n_);
-    at_ = n_;
-    return v;
-  }
-  bool ok() const { return ok_; }
-  bool at_end() const { return at_ == n_; }
-  const std::string& what() const { return what_; }
-
- private:
-  uint64_t Short(const char* what) {
-    if (ok_) what_ = what;
-    ok_ = false;
-    return 0;
-  }
-  const unsigned char* p_;
-  size_t n_;
-  size_t at_ = 0;
-  bool ok_ = true;
-  std::string what_;
-};
-
-Status Truncated(const char* message, const FrameReader& r) {
-  return DataLossError(std::string("truncated ") + message + " from the gateway (at " + r.what() +
-                       ")");
+  return m;
 }
 
 }  // namespace
 
 std::vector<unsigned char> EncodeLocalHello(const std::string& client_name) {
-  FrameWriter w(LocalType::kHello);
-  w.U32(kLocalMagic);
-  w.U16(kLocalVersion);
-  w.Str(client_name);
-  return w.Done();
+  localproto::Message m = Request(LocalType::kHello);
+  m.client_name = client_name;
+  return Frame(m);
 }
 
-std::vector<unsigned char> EncodeTunnelListen() {
-  return FrameWriter(LocalType::kTunnelListen).Done();
-}
+std::vector<unsigned char> EncodeTunnelListen() { return Frame(Request(LocalType::kTunnelListen)); }
 
 std::vector<unsigned char> EncodeTunnelConnect(const std::string& region, uint32_t shard,
                                                uint64_t listen_id, uint32_t timeout_ms) {
-  FrameWriter w(LocalType::kTunnelConnect);
-  w.Str(region);
-  w.U32(shard);
-  w.U64(listen_id);
-  w.U32(timeout_ms);
-  return w.Done();
+  localproto::Message m = Request(LocalType::kTunnelConnect);
+  m.tunnel_region = region;
+  m.tunnel_shard = shard;
+  m.listen_id = listen_id;
+  m.timeout_ms = timeout_ms;
+  return Frame(m);
 }
 
 std::vector<unsigned char> EncodeTunnelAccept(uint64_t tunnel_id) {
-  FrameWriter w(LocalType::kTunnelAccept);
-  w.U64(tunnel_id);
-  return w.Done();
+  localproto::Message m = Request(LocalType::kTunnelAccept);
+  m.tunnel_id = tunnel_id;
+  return Frame(m);
 }
 
 std::vector<unsigned char> EncodeTunnelClose(StatusCode code, const std::string& reason) {
-  FrameWriter w(LocalType::kTunnelClose);
-  w.U32(static_cast<uint32_t>(code));
-  w.Str(reason.substr(0, 16384));
-  return w.Done();
+  localproto::Message m = Request(LocalType::kTunnelClose);
+  m.code = code;
+  m.text = reason.substr(0, localproto::kMaxReplyTextBytes);
+  return Frame(m);
 }
 
 void EncodeTunnelDataHead(const ChunkHeader& h, unsigned char out[kTunnelDataHead]) {
-  PutU32(out, static_cast<uint32_t>(1 + 4 + kChunkHeaderSize + h.length));
-  out[4] = static_cast<unsigned char>(LocalType::kTunnelData);
-  PutU32(out + 5, static_cast<uint32_t>(h.tag));
-  EncodeChunkHeader(h, out + 9);
+  localproto::EncodeTunnelDataHead(static_cast<uint32_t>(h.tag), kChunkHeaderSize + h.length, out);
+  EncodeChunkHeader(h, out + localproto::kTunnelDataHeadBytes);
 }
 
 StatusOr<LocalReply> DecodeLocalReply(const unsigned char* body, size_t size) {
-  FrameReader r(body, size);
-  const auto type = static_cast<uint8_t>(r.Le(1, "type"));
-  if (r.ok() && type != static_cast<uint8_t>(LocalType::kReply)) {
-    return InvalidArgumentError("the gateway sent message type " + std::to_string(type) +
-                                " where a reply was due (protocol error)");
-  }
-  LocalReply reply;
-  reply.reply_to = static_cast<LocalType>(r.Le(1, "reply type"));
-  const auto code = static_cast<uint32_t>(r.Le(4, "status code"));
-  reply.text = r.Str("reply message");
-  if (!r.ok()) return Truncated("reply", r);
-  if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
-    return InvalidArgumentError("the gateway's reply carries unknown status code " +
-                                std::to_string(code));
-  }
-  reply.code = static_cast<StatusCode>(code);
-  reply.data = r.Rest();
-  return reply;
+  return DecodeOf(LocalType::kReply, body, size);
 }
 
 StatusOr<LocalReply> DecodeTunnelClose(const unsigned char* body, size_t size) {
-  FrameReader r(body, size);
-  const auto type = static_cast<uint8_t>(r.Le(1, "type"));
-  if (r.ok() && type != static_cast<uint8_t>(LocalType::kTunnelClose)) {
-    return InvalidArgumentError("not a tunnel close (type " + std::to_string(type) + ")");
-  }
-  LocalReply close;
-  close.reply_to = LocalType::kTunnelClose;
-  const auto code = static_cast<uint32_t>(r.Le(4, "status code"));
-  close.text = r.Str("close reason");
-  if (!r.ok()) return Truncated("tunnel close", r);
-  if (code > static_cast<uint32_t>(StatusCode::kDataLoss) || !r.at_end()) {
-    return InvalidArgumentError("malformed tunnel close from the gateway (code " +
-                                std::to_string(code) + ")");
-  }
-  close.code = static_cast<StatusCode>(code);
-  return close;
-}
-
-StatusOr<TunnelEvent> DecodeTunnelEvent(const std::vector<unsigned char>& data) {
-  FrameReader r(data.data(), data.size());
-  TunnelEvent e;
-  e.kind = static_cast<uint8_t>(r.Le(1, "event kind"));
-  e.id = r.Le(8, "event id");
-  e.shard = static_cast<uint32_t>(r.Le(4, "event shard"));
-  e.region = r.Str("event region");
-  if (!r.ok()) return Truncated("tunnel event", r);
-  if ((e.kind != 1 && e.kind != 2) || !r.at_end()) {
-    return InvalidArgumentError("malformed tunnel event from the gateway (kind " +
-                                std::to_string(e.kind) + ")");
-  }
-  return e;
+  return DecodeOf(LocalType::kTunnelClose, body, size);
 }
 
 }  // namespace strait::nccl

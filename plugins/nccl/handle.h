@@ -30,12 +30,12 @@
 //   24 u32 length   28 i32 tag
 // Every message sends at least one chunk (a zero-byte message sends one with length 0).
 //
-// Through a gateway tunnel (straitd's local protocol version 2, lib/gateway/local_protocol.h: a
-// frame is u32 body length + body, the body starts with a type byte) a chunk travels as one
-// kTunnelData frame: body = u8 8, u32 tag, then the same 32-byte chunk header and its payload
-// (kTunnelDataHead bytes precede the payload on the wire). So the receiver places tunnel chunks
-// with the same code as TCP chunks. The plugin writes the local-protocol frames itself (it does
-// not link the gateway library); tests check them against the gateway's own decoder.
+// Through a gateway tunnel (straitd's local protocol, lib/localproto/protocol.h: a frame is u32
+// body length + body, the body starts with a type byte) a chunk travels as one kTunnelData frame:
+// body = u8 8, u32 tag, then the same 32-byte chunk header and its payload (kTunnelDataHead bytes
+// precede the payload on the wire). So the receiver places tunnel chunks with the same code as
+// TCP chunks. The frames come from strait::localproto, which the plugin links (it does not link
+// the gateway library: no Asio, OpenSSL or toml in the plugin).
 #ifndef STRAIT_PLUGINS_NCCL_HANDLE_H_
 #define STRAIT_PLUGINS_NCCL_HANDLE_H_
 
@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "localproto/protocol.h"
 #include "strait/status.h"
 
 namespace strait::nccl {
@@ -114,54 +115,36 @@ struct ChunkHeader {
 void EncodeChunkHeader(const ChunkHeader& h, unsigned char out[kChunkHeaderSize]);
 ChunkHeader DecodeChunkHeader(const unsigned char in[kChunkHeaderSize]);
 
-// ---- straitd's local protocol (the frames the plugin needs; version 1) ----
-constexpr uint32_t kLocalMagic = 0x504C5453;  // "STLP"
-constexpr uint16_t kLocalVersion = 2;  // tunnels are the same as in version 1
-enum class LocalType : uint8_t {
-  kHello = 1,
-  kTunnelListen = 5,
-  kTunnelConnect = 6,
-  kTunnelAccept = 7,
-  kTunnelData = 8,
-  kTunnelClose = 9,
-  kReply = 128,
-};
+// ---- straitd's local protocol: the frames of the plugin's tunnels ----
+// The protocol is localproto/protocol.h's (its one definition); these are the plugin's names for
+// the few frames it speaks, as whole frames (length prefix included) in the plugin's byte type.
+using LocalType = localproto::MessageType;
+using LocalReply = localproto::Message;  // a decoded kReply or kTunnelClose
+using localproto::TunnelEvent;
+using localproto::TunnelEventKind;
 // Frame prefix of a tunnel chunk: u32 body length, u8 kTunnelData, u32 tag, chunk header.
-constexpr size_t kTunnelFramePrefix = 5;  // length + type: enough to know what follows
-constexpr size_t kTunnelDataHead = 4 + 1 + 4 + kChunkHeaderSize;
+constexpr size_t kTunnelFramePrefix = localproto::kFrameLengthBytes + 1;  // length + type
+constexpr size_t kTunnelDataHead = localproto::kTunnelDataHeadBytes + kChunkHeaderSize;
 // Control frames (replies, close) the plugin accepts are at most this long (body).
-constexpr uint32_t kMaxControlBody = 64 * 1024;
+constexpr uint32_t kMaxControlBody = localproto::kMaxControlBodyBytes;
 
-// Whole frames (length prefix included).
 std::vector<unsigned char> EncodeLocalHello(const std::string& client_name);
 std::vector<unsigned char> EncodeTunnelListen();
 std::vector<unsigned char> EncodeTunnelConnect(const std::string& region, uint32_t shard,
                                                uint64_t listen_id, uint32_t timeout_ms);
 std::vector<unsigned char> EncodeTunnelAccept(uint64_t tunnel_id);
+// `reason` is cut to the protocol's limit.
 std::vector<unsigned char> EncodeTunnelClose(StatusCode code, const std::string& reason);
 // The kTunnelDataHead bytes before a chunk's payload.
 void EncodeTunnelDataHead(const ChunkHeader& h, unsigned char out[kTunnelDataHead]);
 
-// A kReply body (without the length prefix). kDataLoss when truncated, kInvalidArgument when it
-// is not a reply or carries an unknown code.
-struct LocalReply {
-  LocalType reply_to = LocalType::kHello;
-  StatusCode code = StatusCode::kOk;
-  std::string text;
-  std::vector<unsigned char> data;
-};
+// A kReply body (without the length prefix): DecodeMessage's errors, and kInvalidArgument when
+// it is not a reply.
 StatusOr<LocalReply> DecodeLocalReply(const unsigned char* body, size_t size);
 // A kTunnelClose body: the code and reason the gateway ended the tunnel with.
 StatusOr<LocalReply> DecodeTunnelClose(const unsigned char* body, size_t size);
-
 // The data of a kReply to kTunnelListen.
-struct TunnelEvent {
-  uint8_t kind = 0;  // 1 listening, 2 incoming
-  uint64_t id = 0;
-  uint32_t shard = 0;
-  std::string region;
-};
-StatusOr<TunnelEvent> DecodeTunnelEvent(const std::vector<unsigned char>& data);
+using localproto::DecodeTunnelEvent;
 
 }  // namespace strait::nccl
 

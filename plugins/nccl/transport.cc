@@ -993,7 +993,7 @@ class ListenComm final : public Comm {
       OnGatewayLost(s, event.status());
       return;
     }
-    if (event->kind == 1) {
+    if (event->kind == TunnelEventKind::kListening) {
       {
         std::lock_guard<std::mutex> lock(tunnel_mu_);
         tunnel_.listen_id = event->id;

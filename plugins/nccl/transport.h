@@ -3,7 +3,7 @@
 // catches exceptions and maps Status to ncclResult_t.
 //
 // Cross-region (STRAIT_GATEWAY set, the peer's handle names another region): a connection is one
-// tunnel of the local straitd (lib/gateway/local_protocol.h, "Tunnels"), opened on a Unix
+// tunnel of the local straitd (lib/localproto/protocol.h, "Tunnels"), opened on a Unix
 // connection of its own that the loop drives; the same chunks travel as kTunnelData frames and
 // are matched by the same rules. listen() also publishes the region, shard and listen id of a
 // tunnel listen on the gateway in the handle (one opened ahead: see Listen below).

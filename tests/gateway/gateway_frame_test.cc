@@ -13,11 +13,14 @@
 #include <string>
 #include <thread>
 
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "gateway/gateway.h"
 #include "strait/codec.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 class FrameGateways : public ::testing::Test {

@@ -19,9 +19,12 @@
 #include <vector>
 
 #include "collective/net_transport.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 class GatewayServer : public ::testing::Test {

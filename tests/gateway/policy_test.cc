@@ -19,64 +19,6 @@
 namespace strait::gateway {
 namespace {
 
-TEST(PolicyRequest, ParsesEveryForm) {
-  auto a = ParsePolicyRequest("auto");
-  ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(a->automatic);
-  auto b = ParsePolicyRequest("int8,ef");
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->codec, CodecId::kInt8);
-  EXPECT_EQ(b->error_feedback, std::optional<bool>(true));
-  auto c = ParsePolicyRequest("zstd:3");
-  ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->codec, CodecId::kZstd);
-  EXPECT_EQ(c->zstd_level, std::optional<int>(3));
-  auto d = ParsePolicyRequest("fp8,noef");
-  ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->codec, CodecId::kFp8E4M3);
-  EXPECT_EQ(d->error_feedback, std::optional<bool>(false));
-  auto e = ParsePolicyRequest("zstd:-5");
-  ASSERT_TRUE(e.ok());
-  EXPECT_EQ(e->zstd_level, std::optional<int>(-5));
-  EXPECT_TRUE(ParsePolicyRequest("none").ok());
-  EXPECT_TRUE(ParsePolicyRequest("int4").ok());
-}
-
-TEST(PolicyRequest, RejectsWithClearErrors) {
-  struct Case {
-    const char* text;
-    const char* expect;
-  };
-  const Case cases[] = {
-      {"int3", "unknown codec \"int3\""},       {"", "unknown codec \"\""},
-      {"int8,fast", "unknown option \"fast\""}, {"int8,", "unknown option \"\""},
-      {"zstd:20", "bad zstd level \"20\""},     {"zstd:x", "bad zstd level \"x\""},
-      {"zstd:", "bad zstd level \"\""},         {"int8:3", "only zstd takes a level"},
-  };
-  for (const Case& c : cases) {
-    auto r = ParsePolicyRequest(c.text);
-    ASSERT_FALSE(r.ok()) << c.text;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status();
-    EXPECT_NE(r.status().message().find("accepted: auto, none, zstd"), std::string::npos);
-  }
-}
-
-TEST(PolicyRequest, AutoMayNameOneLossyCodec) {
-  auto a = ParsePolicyRequest("auto:int8,noef");
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_TRUE(a->automatic);
-  EXPECT_EQ(a->auto_lossy, std::optional<CodecId>(CodecId::kInt8));
-  EXPECT_EQ(a->error_feedback, std::optional<bool>(false));
-  EXPECT_FALSE(ParsePolicyRequest("auto")->auto_lossy.has_value());
-  for (const char* bad : {"auto:zstd", "auto:3", "auto:", "auto:none"}) {
-    auto r = ParsePolicyRequest(bad);
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find("auto takes a lossy codec"), std::string::npos)
-        << r.status();
-  }
-}
-
 TEST(JobPolicy, TakesAnAllowedRequestAsAsked) {
   PolicyLimits limits;
   limits.default_error_feedback = false;
@@ -332,7 +274,8 @@ TEST(PolicyMessage, RefusesMalformedMessages) {
     const char* expect;
   };
   const Case cases[] = {
-      {0, 2, "version 2 is not supported"},
+      {0, 1, "version 1 is not supported"},  // rates shared its channel then
+      {0, 3, "version 3 is not supported"},
       {1, 9, "unknown kind 9"},
       {3, 77, "invalid codec"},
       {4, static_cast<uint8_t>(CodecId::kInt8), "invalid codec"},
@@ -721,8 +664,8 @@ TEST(MeasuredWeights, RatesMessageRoundTripsAndRefusesMalformedOnes) {
     EXPECT_EQ(DecodeRatesOffer(std::span(m.data(), n)).status().code(), StatusCode::kDataLoss) << n;
   }
   std::vector<uint8_t> bad = m;
-  bad[0] = 2;
-  EXPECT_NE(DecodeRatesOffer(bad).status().message().find("version 2"), std::string::npos);
+  bad[0] = 1;  // version 1 travelled on the policy channel
+  EXPECT_NE(DecodeRatesOffer(bad).status().message().find("version 1"), std::string::npos);
   bad = m;
   bad[1] = static_cast<uint8_t>(PolicyMessageKind::kOffer);
   EXPECT_EQ(DecodeRatesOffer(bad).status().code(), StatusCode::kDataLoss);
@@ -737,6 +680,38 @@ TEST(MeasuredWeights, RatesMessageRoundTripsAndRefusesMalformedOnes) {
   EXPECT_FALSE(DecodeRatesOffer(EncodePolicyOffer(PolicyMessageKind::kOffer, "job",
                                                   *ResolvePolicy("zstd", PolicyLimits{})))
                    .ok());
+}
+
+TEST(MeasuredWeights, AnOlderPeersMessagesAreRefusedByVersionAndNamedInTheWait) {
+  // Version 1 sent rates on the policy channel (kind 3) and offers of version 1 there too: a
+  // version-2 gateway refuses both by their version byte instead of misparsing them, and a job
+  // waiting for that region's policy says why it never came.
+  const JobPolicy zstd = *ResolvePolicy("zstd", PolicyLimits{});
+  std::vector<uint8_t> old_offer = EncodePolicyOffer(PolicyMessageKind::kOffer, "job", zstd);
+  old_offer[0] = 1;
+  std::vector<uint8_t> old_rates = EncodeRatesOffer("job", WeightsRound{0, 1, 0}, {0, 5});
+  old_rates[0] = 1;
+  PolicyAgreement a(0, {"us", "eu"});
+  a.SetLocal("job", zstd);
+  for (const auto& m : {old_offer, old_rates}) {
+    auto r = a.OnMessage(1, m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find("version 1 is not supported"), std::string::npos)
+        << r.status();
+    EXPECT_NE(r.status().message().find("upgrade the older gateway"), std::string::npos);
+  }
+  auto waited = a.Wait("job", Deadline::After(10'000'000));
+  ASSERT_FALSE(waited.ok());
+  EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(waited.status().message().find("eu's refused: policy message version 1"),
+            std::string::npos)
+      << waited.status();
+  // Once the peer speaks version 2, the refusal is forgotten and the job agrees.
+  ASSERT_TRUE(a.OnMessage(1, EncodePolicyOffer(PolicyMessageKind::kOffer, "job", zstd)).ok());
+  EXPECT_TRUE(a.Wait("job", Deadline::AfterSeconds(1)).ok());
+  // And the rates channel's decoder takes only rates of its own version.
+  EXPECT_EQ(DecodeRatesOffer(old_rates).status().code(), StatusCode::kDataLoss);
 }
 
 TEST(MeasuredWeights, RatesChangedBy25Percent) {

@@ -24,10 +24,13 @@
 
 #include "bench/wanem/netns.h"
 #include "common/clock.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "tests/gateway/wan_cluster.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 using testing::WanCluster;

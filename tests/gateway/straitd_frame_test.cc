@@ -15,11 +15,14 @@
 #include <vector>
 
 #include "bench/wanem/netns.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "strait/codec.h"
 #include "tests/gateway/wan_cluster.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 constexpr int kRegions = 3;

@@ -22,12 +22,15 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "tests/net/test_certs.h"
 #include "tests/common/free_ports.h"
 #include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 constexpr int kRegions = 2;

@@ -33,14 +33,18 @@
 #include <vector>
 
 #include "bench/wanem/netns.h"
-#include "gateway/client.h"
+#include "localproto/client.h"
 #include "gateway/gateway.h"
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "gateway/policy.h"
 #include "strait/codec.h"
 #include "tests/gateway/wan_cluster.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 constexpr int kRegions = 3;
@@ -309,7 +313,7 @@ class StraitdWan : public ::testing::Test {
         Client& client = *(*clients)[static_cast<size_t>(s)];
         RankResult& r = results[static_cast<size_t>(s)];
         // The rank's comm: it joins the job once (and again after a failed step), then numbers
-        // its steps (local_protocol.h, "Operation identity"), as gateway::Client does.
+        // its steps (localproto/protocol.h, "Operation identity"), as localproto::Client does.
         const auto session_key = std::make_pair(static_cast<const void*>(&client), job);
         std::pair<uint64_t, uint64_t> session{0, 0};
         {

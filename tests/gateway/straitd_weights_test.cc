@@ -25,11 +25,15 @@
 #include <vector>
 
 #include "bench/wanem/netns.h"
-#include "gateway/client.h"
-#include "gateway/local_protocol.h"
+#include "localproto/client.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "tests/gateway/wan_cluster.h"
 
 namespace strait::gateway {
+
+// The local protocol and its client (strait::localproto), which these tests drive.
+using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 constexpr int kRegions = 3;
@@ -95,7 +99,7 @@ class StraitdWeights : public ::testing::Test {
   }
 
   // Registers `job` in every region and joins it there (each region's comm, at once), so that
-  // AllReduceAll can number its steps (local_protocol.h, "Operation identity").
+  // AllReduceAll can number its steps (localproto/protocol.h, "Operation identity").
   void RegisterEverywhere(const std::string& job) {
     for (auto& c : clients_) {
       auto p = c->RegisterJob(job, "none", Deadline::AfterSeconds(10));

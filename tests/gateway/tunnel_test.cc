@@ -135,11 +135,11 @@ TEST(TunnelWire, BadFieldsGiveDistinctErrors) {
 
 TEST(TunnelWire, ChannelsAreTheReservedRange) {
   for (uint64_t id : {uint64_t{0}, uint64_t{1}, uint64_t{255}, uint64_t{256}, ~uint64_t{0}}) {
-    EXPECT_TRUE(IsTunnelChannel(TunnelChannel(id))) << id;
+    EXPECT_TRUE(collective::kTunnelChannels.Contains(TunnelChannel(id))) << id;
   }
-  EXPECT_FALSE(IsTunnelChannel(16));  // the collectives'
-  EXPECT_FALSE(IsTunnelChannel(kTunnelChannelBase - 1));
-  EXPECT_FALSE(IsTunnelChannel(kTunnelChannelBase + kTunnelChannelCount));
+  EXPECT_FALSE(collective::kTunnelChannels.Contains(16));  // the collectives'
+  EXPECT_FALSE(collective::kTunnelChannels.Contains(collective::kTunnelChannels.first - 1));
+  EXPECT_FALSE(collective::kTunnelChannels.Contains(collective::kTunnelChannels.end()));
 }
 
 std::vector<uint8_t> FloatRamp(size_t bytes) {

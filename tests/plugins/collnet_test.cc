@@ -30,7 +30,8 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "plugins/nccl/nccl_net.h"
 #include "tests/common/free_ports.h"
 #include "tests/common/straitd_process.h"
@@ -69,7 +70,7 @@ CollNetHandle MakeHandle(const std::string& region, uint32_t shard, uint64_t non
   h.shard = shard;
   h.nonce = nonce;
   h.job_hash = CollNetJobHash("job");
-  h.compression = 2;
+  h.policy = "zstd";
   return h;
 }
 
@@ -82,8 +83,8 @@ TEST(CollNetHandle, RoundTripsAndRejectsEveryCorruptedByte) {
   EXPECT_EQ(h->shard, 3u);
   EXPECT_EQ(h->nonce, 0x1122334455667788ull);
   EXPECT_EQ(h->job_hash, CollNetJobHash("job"));
-  EXPECT_EQ(h->compression, 2);
-  for (size_t i = 0; i < 100; ++i) {
+  EXPECT_EQ(h->policy, "zstd");
+  for (size_t i = 0; i < kNcclNetHandleMaxSize; ++i) {
     unsigned char bad[kNcclNetHandleMaxSize];
     std::memcpy(bad, buf, sizeof(bad));
     bad[i] ^= 0x40;
@@ -93,10 +94,37 @@ TEST(CollNetHandle, RoundTripsAndRejectsEveryCorruptedByte) {
   EXPECT_NE(DecodeCollNetHandle(zero).status().message().find("magic"), std::string::npos);
 }
 
-TEST(CollNetHandle, CompressionCodes) {
-  EXPECT_EQ(*CollNetCompressionCode("auto"), 0);
-  EXPECT_EQ(*CollNetCompressionCode("fp8"), 5);
-  EXPECT_FALSE(CollNetCompressionCode("int7").ok());
+TEST(CollNetHandle, PoliciesAreTheGrammarsCanonicalTextWithoutErrorFeedbackWhenLossy) {
+  EXPECT_EQ(*CollNetPolicy("auto"), "auto");
+  EXPECT_EQ(*CollNetPolicy("zstd:3"), "zstd:3");
+  EXPECT_EQ(*CollNetPolicy("fp8"), "fp8,noef");
+  EXPECT_EQ(*CollNetPolicy("INT8,ef"), "int8,noef");
+  EXPECT_EQ(*CollNetPolicy("auto:int8"), "auto:int8,noef");
+  EXPECT_EQ(*CollNetPolicy("auto,ef"), "auto,ef");  // never lossy: error feedback is moot
+  EXPECT_FALSE(CollNetPolicy("int7").ok());
+  EXPECT_FALSE(CollNetPolicy("").ok());
+  // The longest canonical policy fits the handle and comes back as it went in.
+  CollNetHandle h = MakeHandle("us", 0, 1);
+  h.policy = *CollNetPolicy("auto:int8");
+  unsigned char buf[kNcclNetHandleMaxSize];
+  EncodeCollNetHandle(h, buf);
+  auto d = DecodeCollNetHandle(buf);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->policy, "auto:int8,noef");
+  // Text that is not canonical (so that equal policies might compare unequal) is refused.
+  h.policy = "INT8";
+  EncodeCollNetHandle(h, buf);
+  EXPECT_FALSE(DecodeCollNetHandle(buf).ok());
+}
+
+TEST(CollNetHandle, VersionOneIsRefusedNamingBothVersions) {
+  unsigned char buf[kNcclNetHandleMaxSize];
+  EncodeCollNetHandle(MakeHandle("us", 0, 1), buf);
+  buf[4] = 1;
+  auto d = DecodeCollNetHandle(buf);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("version 1"), std::string::npos) << d.status();
+  EXPECT_NE(d.status().message().find("speaks 2"), std::string::npos) << d.status();
 }
 
 TEST(CollNetGroupPlan, AcceptsFullRegionsAndDerivesOneCommId) {
@@ -123,7 +151,7 @@ TEST(CollNetGroupPlan, RejectsInconsistentGroupsNamingTheCause) {
   job[1].job_hash = CollNetJobHash("other");
   EXPECT_NE(msg(job).find("STRAIT_JOB_ID"), std::string::npos);
   std::vector<CollNetHandle> comp = {MakeHandle("us", 0, 1), MakeHandle("eu", 0, 2)};
-  comp[1].compression = 3;
+  comp[1].policy = "int8,noef";
   EXPECT_NE(msg(comp).find("STRAIT_COMPRESSION"), std::string::npos);
   EXPECT_NE(msg({MakeHandle("us", 0, 1), MakeHandle("us", 0, 2)}).find("own straitd"),
             std::string::npos);
@@ -375,21 +403,21 @@ class FakeGateway {
     }
   }
   void Serve(int c) {
-    using gateway::Message;
-    using gateway::MessageType;
+    using localproto::Message;
+    using localproto::MessageType;
     while (!stop_) {
       pollfd p{c, POLLIN, 0};
       if (::poll(&p, 1, 50) <= 0) continue;
       auto body =
-          gateway::ReadFrame(c, gateway::kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
+          localproto::ReadFrame(c, localproto::kDefaultMaxMessageBytes, Deadline::AfterSeconds(5));
       if (!body.ok()) break;
-      auto m = gateway::DecodeMessage(*body);
+      auto m = localproto::DecodeMessage(*body);
       if (!m.ok()) break;
       Message reply;
       reply.type = MessageType::kReply;
       reply.reply_to = m->type;
       if (m->type == MessageType::kTunnelListen) {
-        reply.data = gateway::EncodeTunnelEvent({gateway::TunnelEventKind::kListening, 1, 0, "us"});
+        reply.data = localproto::EncodeTunnelEvent({localproto::TunnelEventKind::kListening, 1, 0, "us"});
       } else if (m->type == MessageType::kJoinJob) {
         reply.data.assign(8, 0);  // generation 1 (a region of one: nobody to agree with)
         reply.data[0] = 1;
@@ -399,8 +427,8 @@ class FakeGateway {
         counts_.push_back(m->count);
         reply.data = m->data;
       }
-      auto frame = gateway::EncodeMessage(reply);
-      if (!frame.ok() || !gateway::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
+      auto frame = localproto::EncodeMessage(reply);
+      if (!frame.ok() || !localproto::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
     }
     ::close(c);
   }
@@ -424,7 +452,9 @@ TEST_F(CollNetEndToEnd, GatewayLostMidOperationFailsTheRequestNotAHang) {
   std::vector<Head> heads = RunHeads(specs, "lost");
   EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
   EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
-  EXPECT_NE(heads[0].output.find("straitd closed the connection"), std::string::npos)
+  EXPECT_NE(heads[0].output.find("connection to straitd at"), std::string::npos)
+      << heads[0].output;
+  EXPECT_NE(heads[0].output.find("connection closed by the peer"), std::string::npos)
       << heads[0].output;
   EXPECT_EQ(fake.region_allreduces(), 2);
 }

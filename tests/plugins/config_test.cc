@@ -62,6 +62,19 @@ TEST(PluginConfig, EveryVariableIsRead) {
   EXPECT_EQ(c->wan_speed_mbps, 100);
 }
 
+TEST(PluginConfig, CompressionTakesTheGatewaysGrammarAsCanonicalText) {
+  // Everything straitd accepts (localproto/policy_grammar.h), kept as its canonical text.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"auto", "auto"},     {"none", "none"},           {"zstd:3", "zstd:3"},
+      {"INT8", "int8"},     {"int8,ef", "int8,ef"},     {"auto:int8", "auto:int8"},
+      {"e4m3", "fp8"},      {"zstd:-5,noef", "zstd:-5,noef"}};
+  for (const auto& [in, canonical] : cases) {
+    StatusOr<PluginConfig> c = ParseConfig(Env({{"STRAIT_COMPRESSION", in}}));
+    ASSERT_TRUE(c.ok()) << in << ": " << c.status();
+    EXPECT_EQ(c->compression, canonical) << in;
+  }
+}
+
 TEST(PluginConfig, BadValuesNameTheVariable) {
   // A list, not a map: several bad values per variable.
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -69,7 +82,11 @@ TEST(PluginConfig, BadValuesNameTheVariable) {
       {"STRAIT_REGION", std::string(64, 'r')},
       {"STRAIT_NSOCKS", "1x"},
       {"STRAIT_NSOCKS", ""},
-      {"STRAIT_COMPRESSION", "INT8"},
+      {"STRAIT_COMPRESSION", "int7"},
+      {"STRAIT_COMPRESSION", ""},
+      {"STRAIT_COMPRESSION", "zstd:99"},
+      {"STRAIT_COMPRESSION", "auto:zstd"},
+      {"STRAIT_COMPRESSION", "int8,fast"},
       {"STRAIT_JOB_ID", ""},
       {"STRAIT_GATEWAY", "relative/path"},
       {"STRAIT_GATEWAY", "/" + std::string(107, 'g')},

@@ -8,7 +8,8 @@
 #include <cstring>
 #include <span>
 
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 
 namespace strait::nccl {
 namespace {
@@ -105,33 +106,33 @@ TEST(ListenHandle, TunnelFieldsRoundTripAndOldVersionsAreRefused) {
 
 // The frames the plugin encodes decode with straitd's decoder to the intended fields, and what
 // straitd encodes decodes with the plugin's.
-gateway::Message GatewayDecode(const std::vector<unsigned char>& frame) {
+localproto::Message GatewayDecode(const std::vector<unsigned char>& frame) {
   EXPECT_GE(frame.size(), 5u);
   const uint32_t len = frame[0] | (frame[1] << 8) | (frame[2] << 16) | (uint32_t{frame[3]} << 24);
   EXPECT_EQ(len, frame.size() - 4);
-  auto m = gateway::DecodeMessage(std::span<const uint8_t>(frame.data() + 4, frame.size() - 4));
+  auto m = localproto::DecodeMessage(std::span<const uint8_t>(frame.data() + 4, frame.size() - 4));
   EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *m : gateway::Message{};
+  return m.ok() ? *m : localproto::Message{};
 }
 
 TEST(GatewayFrames, PluginFramesDecodeWithStraitdsDecoder) {
-  gateway::Message m = GatewayDecode(EncodeLocalHello("nccl-net-strait"));
-  EXPECT_EQ(m.type, gateway::MessageType::kHello);
-  EXPECT_EQ(m.magic, gateway::kLocalMagic);
-  EXPECT_EQ(m.version, gateway::kLocalVersion);
+  localproto::Message m = GatewayDecode(EncodeLocalHello("nccl-net-strait"));
+  EXPECT_EQ(m.type, localproto::MessageType::kHello);
+  EXPECT_EQ(m.magic, localproto::kLocalMagic);
+  EXPECT_EQ(m.version, localproto::kLocalVersion);
   EXPECT_EQ(m.client_name, "nccl-net-strait");
-  EXPECT_EQ(GatewayDecode(EncodeTunnelListen()).type, gateway::MessageType::kTunnelListen);
+  EXPECT_EQ(GatewayDecode(EncodeTunnelListen()).type, localproto::MessageType::kTunnelListen);
   m = GatewayDecode(EncodeTunnelConnect("eu-west", 3, 0x1122334455667788ULL, 60000));
-  EXPECT_EQ(m.type, gateway::MessageType::kTunnelConnect);
+  EXPECT_EQ(m.type, localproto::MessageType::kTunnelConnect);
   EXPECT_EQ(m.tunnel_region, "eu-west");
   EXPECT_EQ(m.tunnel_shard, 3u);
   EXPECT_EQ(m.listen_id, 0x1122334455667788ULL);
   EXPECT_EQ(m.timeout_ms, 60000u);
   m = GatewayDecode(EncodeTunnelAccept(42));
-  EXPECT_EQ(m.type, gateway::MessageType::kTunnelAccept);
+  EXPECT_EQ(m.type, localproto::MessageType::kTunnelAccept);
   EXPECT_EQ(m.tunnel_id, 42u);
   m = GatewayDecode(EncodeTunnelClose(StatusCode::kUnavailable, "bye"));
-  EXPECT_EQ(m.type, gateway::MessageType::kTunnelClose);
+  EXPECT_EQ(m.type, localproto::MessageType::kTunnelClose);
   EXPECT_EQ(m.code, StatusCode::kUnavailable);
   EXPECT_EQ(m.text, "bye");
   // A data frame: head + payload; the gateway sees tag and data = chunk header + payload.
@@ -145,7 +146,7 @@ TEST(GatewayFrames, PluginFramesDecodeWithStraitdsDecoder) {
   EncodeTunnelDataHead(c, frame.data());
   for (int i = 0; i < 6; ++i) frame.push_back(static_cast<unsigned char>(0xa0 + i));
   m = GatewayDecode(frame);
-  EXPECT_EQ(m.type, gateway::MessageType::kTunnelData);
+  EXPECT_EQ(m.type, localproto::MessageType::kTunnelData);
   EXPECT_EQ(m.tag, 17u);
   ASSERT_EQ(m.data.size(), kChunkHeaderSize + 6);
   const ChunkHeader d = DecodeChunkHeader(m.data.data());
@@ -156,18 +157,18 @@ TEST(GatewayFrames, PluginFramesDecodeWithStraitdsDecoder) {
 }
 
 TEST(GatewayFrames, StraitdFramesDecodeWithThePluginsDecoder) {
-  gateway::Message reply;
-  reply.type = gateway::MessageType::kReply;
-  reply.reply_to = gateway::MessageType::kTunnelListen;
+  localproto::Message reply;
+  reply.type = localproto::MessageType::kReply;
+  reply.reply_to = localproto::MessageType::kTunnelListen;
   reply.code = StatusCode::kOk;
   reply.text = "ok";
-  gateway::TunnelEvent ev;
-  ev.kind = gateway::TunnelEventKind::kListening;
+  localproto::TunnelEvent ev;
+  ev.kind = localproto::TunnelEventKind::kListening;
   ev.id = 99;
   ev.shard = 2;
   ev.region = "us-east";
-  reply.data = gateway::EncodeTunnelEvent(ev);
-  auto frame = gateway::EncodeMessage(reply);
+  reply.data = localproto::EncodeTunnelEvent(ev);
+  auto frame = localproto::EncodeMessage(reply);
   ASSERT_TRUE(frame.ok());
   StatusOr<LocalReply> r = DecodeLocalReply(frame->data() + 4, frame->size() - 4);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -175,16 +176,16 @@ TEST(GatewayFrames, StraitdFramesDecodeWithThePluginsDecoder) {
   EXPECT_EQ(r->text, "ok");
   StatusOr<TunnelEvent> e = DecodeTunnelEvent(r->data);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(e->kind, 1);
+  EXPECT_EQ(e->kind, TunnelEventKind::kListening);
   EXPECT_EQ(e->id, 99u);
   EXPECT_EQ(e->shard, 2u);
   EXPECT_EQ(e->region, "us-east");
 
-  gateway::Message close;
-  close.type = gateway::MessageType::kTunnelClose;
+  localproto::Message close;
+  close.type = localproto::MessageType::kTunnelClose;
   close.code = StatusCode::kUnavailable;
   close.text = "peer gateway gone";
-  frame = gateway::EncodeMessage(close);
+  frame = localproto::EncodeMessage(close);
   ASSERT_TRUE(frame.ok());
   StatusOr<LocalReply> c = DecodeTunnelClose(frame->data() + 4, frame->size() - 4);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -195,9 +196,9 @@ TEST(GatewayFrames, StraitdFramesDecodeWithThePluginsDecoder) {
   for (size_t n = 0; n + 4 < frame->size(); ++n) {
     EXPECT_FALSE(DecodeTunnelClose(frame->data() + 4, n).ok()) << n;
   }
-  auto rf = gateway::EncodeMessage(reply);
+  auto rf = localproto::EncodeMessage(reply);
   for (size_t n = 0; n < 8; ++n) EXPECT_FALSE(DecodeLocalReply(rf->data() + 4, n).ok()) << n;
-  EXPECT_FALSE(DecodeTunnelEvent(std::vector<unsigned char>(5, 1)).ok());
+  EXPECT_FALSE(DecodeTunnelEvent(std::vector<uint8_t>(5, 1)).ok());
 }
 
 TEST(WireMessages, HelloReplyAndChunkHeaderRoundTrip) {

@@ -23,7 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 #include "plugins/nccl/handle.h"
 #include "plugins/nccl/transport.h"
 
@@ -126,15 +127,15 @@ class FakeGateway {
       std::vector<uint8_t> body(len);
       if (!ReadFull(fd, body.data(), len)) return;
       if (!answering_) continue;  // a hung gateway: reads, never answers
-      StatusOr<gateway::Message> m = gateway::DecodeMessage(std::span<const uint8_t>(body));
+      StatusOr<localproto::Message> m = localproto::DecodeMessage(std::span<const uint8_t>(body));
       if (!m.ok()) return;
-      gateway::Message reply;
-      reply.type = gateway::MessageType::kReply;
+      localproto::Message reply;
+      reply.type = localproto::MessageType::kReply;
       reply.reply_to = m->type;
       reply.code = StatusCode::kOk;
-      if (m->type == gateway::MessageType::kTunnelListen) {
-        gateway::TunnelEvent e;
-        e.kind = gateway::TunnelEventKind::kListening;
+      if (m->type == localproto::MessageType::kTunnelListen) {
+        localproto::TunnelEvent e;
+        e.kind = localproto::TunnelEventKind::kListening;
         e.shard = 3;
         e.region = "a";
         {
@@ -142,11 +143,11 @@ class FakeGateway {
           e.id = next_id_++;
           ids_.insert(e.id);
         }
-        reply.data = gateway::EncodeTunnelEvent(e);
-      } else if (m->type != gateway::MessageType::kHello) {
+        reply.data = localproto::EncodeTunnelEvent(e);
+      } else if (m->type != localproto::MessageType::kHello) {
         return;
       }
-      StatusOr<std::vector<uint8_t>> frame = gateway::EncodeMessage(reply);
+      StatusOr<std::vector<uint8_t>> frame = localproto::EncodeMessage(reply);
       if (!frame.ok() || !WriteFull(fd, *frame)) return;
     }
   }

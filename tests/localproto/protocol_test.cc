@@ -1,6 +1,7 @@
 // The local protocol: round trips of every message type, and bad frames that must each give a
 // clear error without reading past the body.
-#include "gateway/local_protocol.h"
+#include "localproto/frame_io.h"
+#include "localproto/protocol.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -9,7 +10,7 @@
 #include <cstring>
 #include <thread>
 
-namespace strait::gateway {
+namespace strait::localproto {
 namespace {
 
 std::vector<uint8_t> Body(const std::vector<uint8_t>& frame) {
@@ -497,9 +498,9 @@ TEST(LocalProtocol, ReadFrameIntoManySizesOnOneConnection) {
 }
 
 }  // namespace
-}  // namespace strait::gateway
+}  // namespace strait::localproto
 
-namespace strait::gateway {
+namespace strait::localproto {
 namespace {
 
 // kAllReduceFrame (11): job, key, op, timeout and the rank's codec frame as data; the frame is
@@ -595,4 +596,51 @@ TEST(LocalProtocol, JoinAndOperationIdentityRoundTrip) {
 }
 
 }  // namespace
-}  // namespace strait::gateway
+}  // namespace strait::localproto
+
+namespace strait::localproto {
+namespace {
+
+TEST(LocalProtocol, TunnelDataHeadIsTheEncodersHead) {
+  Message m;
+  m.type = MessageType::kTunnelData;
+  m.tag = 0xA1B2C3D4;
+  auto head = EncodeMessageHead(m, 1000);
+  ASSERT_TRUE(head.ok()) << head.status();
+  uint8_t fast[kTunnelDataHeadBytes];
+  EncodeTunnelDataHead(m.tag, 1000, fast);
+  EXPECT_EQ(std::vector<uint8_t>(fast, fast + kTunnelDataHeadBytes), *head);
+}
+
+TEST(LocalProtocol, ReplyMessageCarriesTheStatusWithinTheTextLimit) {
+  Message m = ReplyMessage(MessageType::kJoinJob, DeadlineExceededError(std::string(20000, 'x')));
+  EXPECT_EQ(m.type, MessageType::kReply);
+  EXPECT_EQ(m.reply_to, MessageType::kJoinJob);
+  EXPECT_EQ(m.code, StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(m.text.size(), kMaxReplyTextBytes);
+  EXPECT_TRUE(m.data.empty());
+  EXPECT_TRUE(EncodeMessage(m).ok());  // never refused for its length
+}
+
+TEST(LocalProtocol, StatusCodesUpToTheHighestOnly) {
+  EXPECT_EQ(StatusCodeFromWire(0), StatusCode::kOk);
+  EXPECT_EQ(StatusCodeFromWire(static_cast<uint64_t>(kHighestStatusCode)), kHighestStatusCode);
+  EXPECT_FALSE(StatusCodeFromWire(static_cast<uint64_t>(kHighestStatusCode) + 1).has_value());
+  EXPECT_FALSE(StatusCodeFromWire(uint64_t{1} << 40).has_value());
+}
+
+TEST(LocalProtocol, RequestTypesAreExactlyTheEnumsBelowTheReply) {
+  int requests = 0;
+  for (int t = 0; t < 256; ++t) {
+    const auto raw = static_cast<uint8_t>(t);
+    if (IsRequestType(raw)) {
+      ++requests;
+      EXPECT_STRNE(MessageTypeName(static_cast<MessageType>(raw)), "invalid") << t;
+    }
+    EXPECT_EQ(IsMessageType(raw), IsRequestType(raw) || t == 128) << t;
+  }
+  EXPECT_EQ(requests, 13);
+}
+
+}  // namespace
+}  // namespace strait::localproto

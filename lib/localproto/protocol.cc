@@ -1,9 +1,5 @@
-// Encoding, decoding and socket I/O of the local protocol (see local_protocol.h).
-#include "gateway/local_protocol.h"
-
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// Encoding and decoding of the local protocol (see protocol.h).
+#include "localproto/protocol.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -11,7 +7,7 @@
 
 #include "common/endian.h"
 
-namespace strait::gateway {
+namespace strait::localproto {
 namespace {
 
 class Writer {
@@ -111,12 +107,30 @@ Status CheckFrameOp(uint8_t op) {
       "reductions with all-reduce and a lossless codec");
 }
 
-bool KnownType(uint8_t t) {
-  return t == 1 || t == 2 || t == 3 || t == 4 || t == 10 || t == 11 || t == 12 || t == 13 || t == 128 ||
-         (t >= 5 && t <= 9);  // tunnels
+}  // namespace
+
+Message ReplyMessage(MessageType to, const Status& status) {
+  Message m;
+  m.type = MessageType::kReply;
+  m.reply_to = to;
+  m.code = status.code();
+  m.text = status.message().substr(0, kMaxReplyTextBytes);
+  return m;
 }
 
-}  // namespace
+std::optional<StatusCode> StatusCodeFromWire(uint64_t raw) noexcept {
+  if (raw > static_cast<uint64_t>(kHighestStatusCode)) return std::nullopt;
+  return static_cast<StatusCode>(raw);
+}
+
+bool IsRequestType(uint8_t raw) noexcept {
+  return (raw >= static_cast<uint8_t>(MessageType::kHello) &&
+          raw <= static_cast<uint8_t>(MessageType::kFetchResult));
+}
+
+bool IsMessageType(uint8_t raw) noexcept {
+  return IsRequestType(raw) || raw == static_cast<uint8_t>(MessageType::kReply);
+}
 
 const char* MessageTypeName(MessageType type) noexcept {
   switch (type) {
@@ -276,7 +290,7 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
   Reader r(body);
   const uint8_t type = static_cast<uint8_t>(r.Le(1, "type"));
   if (!r.status().ok()) return r.status();
-  if (!KnownType(type)) {
+  if (!IsMessageType(type)) {
     return InvalidArgumentError("unknown local message type " + std::to_string(type) +
                                 "; this gateway speaks version " +
                                 std::to_string(kLocalVersion));
@@ -379,11 +393,12 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
     case MessageType::kTunnelClose: {
       const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
       if (!r.status().ok()) break;
-      if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
+      const std::optional<StatusCode> known = StatusCodeFromWire(code);
+      if (!known.has_value()) {
         return InvalidArgumentError("tunnel close carries unknown status code " +
                                     std::to_string(code));
       }
-      m.code = static_cast<StatusCode>(code);
+      m.code = *known;
       m.text = r.Str("close reason", kMaxReplyTextBytes, false);
       break;
     }
@@ -391,14 +406,15 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       const uint8_t to = static_cast<uint8_t>(r.Le(1, "reply type"));
       const uint32_t code = static_cast<uint32_t>(r.Le(4, "status code"));
       if (!r.status().ok()) break;
-      if (!KnownType(to) || to == static_cast<uint8_t>(MessageType::kReply)) {
+      if (!IsRequestType(to)) {
         return InvalidArgumentError("reply to unknown request type " + std::to_string(to));
       }
-      if (code > static_cast<uint32_t>(StatusCode::kDataLoss)) {
+      const std::optional<StatusCode> known = StatusCodeFromWire(code);
+      if (!known.has_value()) {
         return InvalidArgumentError("reply carries unknown status code " + std::to_string(code));
       }
       m.reply_to = static_cast<MessageType>(to);
-      m.code = static_cast<StatusCode>(code);
+      m.code = *known;
       m.text = r.Str("reply message", kMaxReplyTextBytes, false);
       if (r.status().ok()) r.RestInto(&m.data);
       break;
@@ -438,6 +454,12 @@ Status DecodeMessageInto(std::span<const uint8_t> body, Message* out,
   return DecodeInto(body, max_message_bytes, *out);
 }
 
+void EncodeTunnelDataHead(uint32_t tag, size_t data_size, uint8_t out[kTunnelDataHeadBytes]) {
+  PutU32(out, static_cast<uint32_t>(kTunnelDataOverhead + data_size));
+  out[kFrameLengthBytes] = static_cast<uint8_t>(MessageType::kTunnelData);
+  PutU32(out + kFrameLengthBytes + 1, tag);
+}
+
 std::vector<uint8_t> EncodeTunnelEvent(const TunnelEvent& event) {
   Writer w;
   w.U8(static_cast<uint8_t>(event.kind));
@@ -468,100 +490,4 @@ StatusOr<TunnelEvent> DecodeTunnelEvent(std::span<const uint8_t> data) {
   return e;
 }
 
-namespace {
-
-// Waits for `events` on fd until the deadline: OK, or kDeadlineExceeded.
-Status WaitFor(int fd, short events, Deadline deadline, const char* what) {
-  for (;;) {
-    const int64_t left = deadline.RemainingNanos();
-    if (left <= 0) return DeadlineExceededError(std::string("local socket: timed out ") + what);
-    pollfd p{fd, events, 0};
-    const int ms = static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000));
-    const int rc = ::poll(&p, 1, ms);
-    if (rc > 0) return Status::Ok();
-    if (rc < 0 && errno != EINTR) {
-      return UnavailableError(std::string("local socket: poll failed: ") + std::strerror(errno));
-    }
-  }
-}
-
-// Reads exactly n bytes; *got says how many arrived before an error.
-Status ReadExact(int fd, uint8_t* buf, size_t n, Deadline deadline, size_t* got) {
-  *got = 0;
-  while (*got < n) {
-    STRAIT_RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, "reading"));
-    const ssize_t rc = ::recv(fd, buf + *got, n - *got, MSG_DONTWAIT);
-    if (rc > 0) {
-      *got += static_cast<size_t>(rc);
-    } else if (rc == 0) {
-      return UnavailableError("local socket: connection closed by the peer");
-    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      return UnavailableError(std::string("local socket: read failed: ") + std::strerror(errno));
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status WriteAll(int fd, std::span<const uint8_t> bytes, Deadline deadline) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    STRAIT_RETURN_IF_ERROR(WaitFor(fd, POLLOUT, deadline, "writing"));
-    const ssize_t rc =
-        ::send(fd, bytes.data() + done, bytes.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (rc > 0) {
-      done += static_cast<size_t>(rc);
-    } else if (rc < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      return UnavailableError(std::string("local socket: write failed: ") + std::strerror(errno));
-    }
-  }
-  return Status::Ok();
-}
-
-StatusOr<uint32_t> ReadFrameLength(int fd, uint32_t max_message_bytes, Deadline deadline) {
-  uint8_t len_bytes[kFrameLengthBytes];
-  size_t got = 0;
-  Status s = ReadExact(fd, len_bytes, sizeof(len_bytes), deadline, &got);
-  if (!s.ok()) {
-    if (got > 0 && s.code() == StatusCode::kUnavailable) {
-      return DataLossError("local socket: connection closed inside a frame's length");
-    }
-    return s;
-  }
-  static_assert(kFrameLengthBytes == 4);
-  const uint32_t len = GetU32(len_bytes);
-  if (len == 0) return InvalidArgumentError("local frame with an empty body");
-  if (len > max_message_bytes) {
-    return ResourceExhaustedError("local frame of " + std::to_string(len) +
-                                  " bytes exceeds the limit of " +
-                                  std::to_string(max_message_bytes) + " bytes");
-  }
-  return len;
-}
-
-Status ReadFrameBytes(int fd, std::span<uint8_t> out, Deadline deadline) {
-  size_t got = 0;
-  Status s = ReadExact(fd, out.data(), out.size(), deadline, &got);
-  if (!s.ok() && s.code() == StatusCode::kUnavailable) {
-    return DataLossError("local socket: connection closed after " + std::to_string(got) +
-                         " of " + std::to_string(out.size()) + " bytes of a frame");
-  }
-  return s;
-}
-
-Status ReadFrameInto(int fd, uint32_t max_message_bytes, Deadline deadline,
-                     std::vector<uint8_t>* body) {
-  STRAIT_ASSIGN_OR_RETURN(const uint32_t len, ReadFrameLength(fd, max_message_bytes, deadline));
-  // Within the capacity, resize() neither allocates nor touches more than the growth.
-  body->resize(len);
-  return ReadFrameBytes(fd, *body, deadline);
-}
-
-StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline) {
-  std::vector<uint8_t> body;
-  STRAIT_RETURN_IF_ERROR(ReadFrameInto(fd, max_message_bytes, deadline, &body));
-  return body;
-}
-
-}  // namespace strait::gateway
+}  // namespace strait::localproto

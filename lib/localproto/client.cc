@@ -1,5 +1,5 @@
 // The local-protocol client (see client.h).
-#include "gateway/client.h"
+#include "localproto/client.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,76 +11,13 @@
 #include <cstring>
 
 #include "common/endian.h"
+#include "localproto/frame_io.h"
 
-namespace strait::gateway {
-
-namespace {
-
-// Reads one reply frame and checks that it answers `expect`.
-StatusOr<Message> ReadReplyFrom(int fd, MessageType expect, Deadline deadline) {
-  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
-                          ReadFrame(fd, kDefaultMaxMessageBytes, deadline));
-  auto reply = DecodeMessage(body);
-  if (!reply.ok()) return reply.status().WithContext("bad reply from the gateway");
-  if (reply->type != MessageType::kReply || reply->reply_to != expect) {
-    return InternalError(std::string("gateway answered a ") + MessageTypeName(expect) +
-                         " request with a " + MessageTypeName(reply->type) + " to " +
-                         MessageTypeName(reply->reply_to));
-  }
-  return reply;
-}
-
-Status WriteRequest(int fd, const Message& request, Deadline deadline) {
-  STRAIT_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, EncodeMessage(request));
-  return WriteAll(fd, frame, deadline);
-}
-
-// Connects to the gateway's socket and exchanges hellos; returns the connected fd.
-StatusOr<int> DialGateway(const std::string& socket_path, Deadline deadline,
-                          const std::string& client_name) {
-  sockaddr_un addr{};
-  if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgumentError("gateway socket path \"" + socket_path + "\" must be 1-" +
-                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  for (;;) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return UnavailableError(std::string("socket(): ") + std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-      Message hello;
-      hello.type = MessageType::kHello;
-      hello.client_name = client_name;
-      Status s = WriteRequest(fd, hello, deadline);
-      StatusOr<Message> reply =
-          s.ok() ? ReadReplyFrom(fd, MessageType::kHello, deadline) : StatusOr<Message>(s);
-      if (!reply.ok()) {
-        ::close(fd);
-        return reply.status().WithContext("gateway at " + socket_path);
-      }
-      if (reply->code != StatusCode::kOk) {
-        ::close(fd);
-        return Status(reply->code, "gateway at " + socket_path + ": " + reply->text);
-      }
-      return fd;
-    }
-    const int err = errno;
-    ::close(fd);
-    // The gateway may be starting: retry a missing or refusing socket until the deadline.
-    if ((err != ENOENT && err != ECONNREFUSED && err != EAGAIN) || deadline.Expired()) {
-      return UnavailableError("cannot connect to the gateway at " + socket_path + ": " +
-                              std::strerror(err) + " (is straitd running?)");
-    }
-    ::usleep(20'000);
-  }
-}
-
-}  // namespace
+namespace strait::localproto {
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, Deadline deadline,
                                                   const std::string& client_name) {
-  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, client_name));
+  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path, deadline, client_name));
   return std::unique_ptr<Client>(new Client(fd));  // private constructor
 }
 
@@ -89,22 +26,8 @@ Client::~Client() {
 }
 
 StatusOr<Message> Client::ReadReply(MessageType expect, Deadline deadline) {
-  auto body = ReadFrame(fd_, kDefaultMaxMessageBytes, deadline);
-  if (!body.ok()) {
-    broken_ = true;
-    return body.status();
-  }
-  auto reply = DecodeMessage(*body);
-  if (!reply.ok()) {
-    broken_ = true;
-    return reply.status().WithContext("bad reply from the gateway");
-  }
-  if (reply->type != MessageType::kReply || reply->reply_to != expect) {
-    broken_ = true;
-    return InternalError(std::string("gateway answered a ") + MessageTypeName(expect) +
-                         " request with a " + MessageTypeName(reply->type) + " to " +
-                         MessageTypeName(reply->reply_to));
-  }
+  auto reply = localproto::ReadReply(fd_, expect, deadline);
+  if (!reply.ok()) broken_ = true;
   return reply;
 }
 
@@ -281,33 +204,12 @@ Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, De
     broken_ = true;
     return s;
   };
-  auto length = ReadFrameLength(fd_, kDefaultMaxMessageBytes, deadline);
-  if (!length.ok()) return fail(length.status());
-  // The reply's head: type, reply type, code, text length (kReply's fixed fields), then the text;
-  // the rest of the body is the result. A body too short for a head is decoded for its error.
-  constexpr size_t kFixedHead = 1 + 1 + 4 + 2;
-  std::vector<uint8_t> head(std::min<size_t>(*length, kFixedHead));
-  if (Status s = ReadFrameBytes(fd_, head, deadline); !s.ok()) return fail(s);
-  const size_t have = head.size();
-  size_t head_size = *length;  // not a reply's head: read it all; DecodeMessage says what is wrong
-  if (have == kFixedHead && head[0] == static_cast<uint8_t>(MessageType::kReply)) {
-    head_size = std::min<size_t>(*length, kFixedHead + size_t{GetU16(head.data() + 6)});
-  }
-  head.resize(head_size);
-  if (Status s = ReadFrameBytes(fd_, std::span<uint8_t>(head).subspan(have), deadline); !s.ok()) {
-    return fail(s);
-  }
-  auto reply = DecodeMessage(head);
-  if (!reply.ok()) return fail(reply.status().WithContext("bad reply from the gateway"));
-  if (reply->type != MessageType::kReply || reply->reply_to != type) {
-    return fail(InternalError(std::string("gateway answered a ") + MessageTypeName(type) +
-                              " request with a " + MessageTypeName(reply->type) + " to " +
-                              MessageTypeName(reply->reply_to)));
-  }
-  const size_t data_size = *length - head_size;
+  size_t data_size = 0;
+  auto reply = ReadReplyHead(fd_, type, deadline, &data_size);
+  if (!reply.ok()) return fail(reply.status());
   if (reply->code != StatusCode::kOk) {
     // The gateway's error replies carry at most the one-byte refusal marker ("Operation
-    // identity" in local_protocol.h); the caller's buffer stays as it was.
+    // identity" in protocol.h); the caller's buffer stays as it was.
     if (data_size > 1) {
       broken_ = true;
     } else if (data_size == 1) {
@@ -411,7 +313,7 @@ Deadline WithMargin(Deadline deadline) {
 StatusOr<std::unique_ptr<TunnelConnection>> TunnelConnection::Connect(
     const std::string& socket_path, const std::string& region, uint32_t shard, uint64_t listen_id,
     Deadline deadline) {
-  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, "tunnel-connect"));
+  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path, deadline, "tunnel-connect"));
   Message m;
   m.type = MessageType::kTunnelConnect;
   m.tunnel_region = region;
@@ -421,9 +323,9 @@ StatusOr<std::unique_ptr<TunnelConnection>> TunnelConnection::Connect(
   m.timeout_ms = deadline.IsInfinite()
                      ? 0
                      : static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX));
-  Status s = WriteRequest(fd, m, deadline);
+  Status s = WriteMessage(fd, m, deadline);
   StatusOr<Message> reply =
-      s.ok() ? ReadReplyFrom(fd, MessageType::kTunnelConnect, WithMargin(deadline))
+      s.ok() ? ReadReply(fd, MessageType::kTunnelConnect, WithMargin(deadline))
              : StatusOr<Message>(s);
   if (reply.ok() && reply->code != StatusCode::kOk) reply = Status(reply->code, reply->text);
   if (!reply.ok()) {
@@ -500,12 +402,12 @@ StatusOr<TunnelMessage> TunnelConnection::Receive(Deadline deadline) {
 
 StatusOr<std::unique_ptr<TunnelListener>> TunnelListener::Listen(const std::string& socket_path,
                                                                  Deadline deadline) {
-  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path, deadline, "tunnel-listen"));
+  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path, deadline, "tunnel-listen"));
   std::unique_ptr<TunnelListener> listener(new TunnelListener(socket_path, fd));
   Message m;
   m.type = MessageType::kTunnelListen;
-  STRAIT_RETURN_IF_ERROR(WriteRequest(fd, m, deadline));
-  STRAIT_ASSIGN_OR_RETURN(Message reply, ReadReplyFrom(fd, MessageType::kTunnelListen, deadline));
+  STRAIT_RETURN_IF_ERROR(WriteMessage(fd, m, deadline));
+  STRAIT_ASSIGN_OR_RETURN(Message reply, ReadReply(fd, MessageType::kTunnelListen, deadline));
   if (reply.code != StatusCode::kOk) return Status(reply.code, reply.text);
   STRAIT_ASSIGN_OR_RETURN(TunnelEvent e, DecodeTunnelEvent(reply.data));
   if (e.kind != TunnelEventKind::kListening) {
@@ -534,19 +436,19 @@ StatusOr<std::unique_ptr<TunnelConnection>> TunnelListener::Accept(Deadline dead
       return UnavailableError(std::string("poll: ") + std::strerror(errno));
   }
   STRAIT_ASSIGN_OR_RETURN(
-      Message event, ReadReplyFrom(fd_, MessageType::kTunnelListen, Deadline::AfterSeconds(10)));
+      Message event, ReadReply(fd_, MessageType::kTunnelListen, Deadline::AfterSeconds(10)));
   if (event.code != StatusCode::kOk) return Status(event.code, event.text);
   STRAIT_ASSIGN_OR_RETURN(TunnelEvent e, DecodeTunnelEvent(event.data));
   if (e.kind != TunnelEventKind::kIncoming) {
     return InternalError("expected an incoming-tunnel event on the listen");
   }
-  STRAIT_ASSIGN_OR_RETURN(int fd, DialGateway(socket_path_, deadline, "tunnel-accept"));
+  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path_, deadline, "tunnel-accept"));
   Message m;
   m.type = MessageType::kTunnelAccept;
   m.tunnel_id = e.id;
-  Status s = WriteRequest(fd, m, deadline);
+  Status s = WriteMessage(fd, m, deadline);
   StatusOr<Message> reply =
-      s.ok() ? ReadReplyFrom(fd, MessageType::kTunnelAccept, deadline) : StatusOr<Message>(s);
+      s.ok() ? ReadReply(fd, MessageType::kTunnelAccept, deadline) : StatusOr<Message>(s);
   if (reply.ok() && reply->code != StatusCode::kOk) reply = Status(reply->code, reply->text);
   if (!reply.ok()) {
     ::close(fd);
@@ -555,4 +457,4 @@ StatusOr<std::unique_ptr<TunnelConnection>> TunnelListener::Accept(Deadline dead
   return std::unique_ptr<TunnelConnection>(new TunnelConnection(fd, e.id, e.region));
 }
 
-}  // namespace strait::gateway
+}  // namespace strait::localproto

@@ -11,8 +11,8 @@
 // Client per thread for concurrency). An error the gateway reports comes back with its code and
 // message; a transport failure (gateway gone, deadline) leaves the connection unusable, and
 // later calls fail with kUnavailable; connect again.
-#ifndef STRAIT_LIB_GATEWAY_CLIENT_H_
-#define STRAIT_LIB_GATEWAY_CLIENT_H_
+#ifndef STRAIT_LIB_LOCALPROTO_CLIENT_H_
+#define STRAIT_LIB_LOCALPROTO_CLIENT_H_
 
 #include <cstddef>
 #include <map>
@@ -24,11 +24,11 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "gateway/local_protocol.h"
+#include "localproto/protocol.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
-namespace strait::gateway {
+namespace strait::localproto {
 
 class Client {
  public:
@@ -41,15 +41,15 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Registers `job` with a policy string (see policy.h; "" = the gateway's default) and returns
-  // the policy the gateway resolved, e.g. "int8+ef (...)". Registering again replaces it.
+  // Registers `job` with a policy string (see policy_grammar.h; "" = the gateway's default) and
+  // returns the policy the gateway resolved, e.g. "int8+ef (...)". Registering again replaces it.
   StatusOr<std::string> RegisterJob(const std::string& job, const std::string& policy,
                                     Deadline deadline);
 
   // Joins `job`'s next generation with every other region's gateway of this shard (blocks
   // until they all joined it, or `deadline`: kDeadlineExceeded naming the missing regions) and
   // numbers this client's next all-reduces of the job 0, 1, 2, ... within it (see "Operation
-  // identity" in local_protocol.h). A comm calls it once when it is created. The all-reduce
+  // identity" in protocol.h). A comm calls it once when it is created. The all-reduce
   // calls below join by themselves when the job was not joined yet, or when an earlier
   // all-reduce of the job failed on this client (every region failed that step too, and the
   // next one starts a new generation with them).
@@ -76,7 +76,7 @@ class Client {
                          ReduceOp op, void* data, size_t count, Deadline deadline);
 
   // Library mode: all-reduces a frame the rank quantized itself (see kAllReduceFrame in
-  // local_protocol.h): `frame_in` is one lossy codec frame (int8, int4 or fp8, not zstd-chained;
+  // protocol.h): `frame_in` is one lossy codec frame (int8, int4 or fp8, not zstd-chained;
   // its header gives dtype and count), `op` sum or avg. On success `*frame_out` holds the result
   // frame (same codec, block size and count; dtype float32), byte-identical on every rank of
   // every region; decode it with Decoder::Decode. Blocks like AllReduce; errors as AllReduce's,
@@ -86,7 +86,7 @@ class Client {
                         std::span<const uint8_t> frame_in, std::vector<uint8_t>* frame_out,
                         Deadline deadline);
 
-  // Result recovery (kFetchResult in local_protocol.h): the reply data of the committed step
+  // Result recovery (kFetchResult in protocol.h): the reply data of the committed step
   // (generation, sequence) of `job` -- the tensor, or the result frame -- from this gateway or,
   // through it, from another region's. kNotFound when the step failed in every region.
   StatusOr<std::vector<uint8_t>> FetchResult(const std::string& job, uint64_t generation,
@@ -136,7 +136,7 @@ class Client {
 };
 
 // ---- Tunnels ----------------------------------------------------------------------------------
-// Blocking clients of straitd's cross-region tunnels (see "Tunnels" in local_protocol.h), for
+// Blocking clients of straitd's cross-region tunnels (see "Tunnels" in protocol.h), for
 // tests and tools; the NCCL plugin speaks the same frames from its event loop instead.
 //
 //   auto listener = TunnelListener::Listen(socket_a, Deadline::AfterSeconds(5));    // region A
@@ -230,6 +230,6 @@ class TunnelListener {
   uint32_t shard_ = 0;
 };
 
-}  // namespace strait::gateway
+}  // namespace strait::localproto
 
-#endif  // STRAIT_LIB_GATEWAY_CLIENT_H_
+#endif  // STRAIT_LIB_LOCALPROTO_CLIENT_H_

@@ -4,7 +4,7 @@
 // body. A body starts with one type byte; all integers are little-endian; a string is a 2-byte
 // length and that many bytes; `data` runs to the end of the body.
 //   kHello        u32 magic "STLP", u16 version, string client name      (first on a connection)
-//   kRegisterJob  string job, string policy ("" = the gateway's default; see policy.h)
+//   kRegisterJob  string job, string policy ("" = the gateway's default; see policy_grammar.h)
 //   kAllReduce    string job, string tensor key, u8 dtype, u8 op, u64 count, u32 timeout_ms,
 //                 u64 generation, u64 sequence, u64 scope, data (count x dtype size bytes)
 //                 (generation, sequence, scope): the operation's identity (version 2; see "Operation
@@ -72,7 +72,7 @@
 // An all-reduce's error reply carries one data byte 0 when the gateway refused the request before
 // its step was used (not registered, another uid's job, a bad frame, shutting down): the comm may
 // issue the same step again. Any other error reply (no data, or a byte 1) means the step failed
-// in every region: the comm must join a new generation (gateway::Client does so by itself).
+// in every region: the comm must join a new generation (localproto::Client does so by itself).
 //
 // Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
 // carried by the two regions' gateways that hold the same shard index (the NCCL plugin's
@@ -111,20 +111,22 @@
 //   A plugin drives all of this with non-blocking sockets: it never has to wait for one frame
 //   before writing the next, except for the hello, listen/connect/accept replies.
 // Decoding checks every length against the body and the limits below and never reads past it.
-// Thread-safe: pure functions; the fd helpers block the calling thread up to their deadline.
-#ifndef STRAIT_LIB_GATEWAY_LOCAL_PROTOCOL_H_
-#define STRAIT_LIB_GATEWAY_LOCAL_PROTOCOL_H_
+// Thread-safe: pure functions. Reading and writing frames on a socket: frame_io.h; the client:
+// client.h; the compression-policy text a register-job carries: policy_grammar.h.
+#ifndef STRAIT_LIB_LOCALPROTO_PROTOCOL_H_
+#define STRAIT_LIB_LOCALPROTO_PROTOCOL_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
-namespace strait::gateway {
+namespace strait::localproto {
 
 inline constexpr uint32_t kLocalMagic = 0x504C5453;  // "STLP"
 inline constexpr uint16_t kLocalVersion = 2;
@@ -134,6 +136,13 @@ inline constexpr uint32_t kDefaultMaxMessageBytes = 256u << 20;
 inline constexpr size_t kMaxNameBytes = 256;     // job ids, tensor keys, client names
 inline constexpr size_t kMaxPolicyBytes = 256;
 inline constexpr size_t kMaxReplyTextBytes = 16384;
+
+// The highest StatusCode a reply or a tunnel close may carry: a newer code from a newer peer is
+// refused rather than guessed at. Every wire that carries a StatusCode (this protocol, the
+// gateways' tunnel messages) checks it with StatusCodeFromWire.
+inline constexpr StatusCode kHighestStatusCode = StatusCode::kDataLoss;
+// The code a wire value names, or nothing when it is above kHighestStatusCode.
+std::optional<StatusCode> StatusCodeFromWire(uint64_t raw) noexcept;
 
 enum class MessageType : uint8_t {
   kHello = 1,
@@ -152,6 +161,10 @@ enum class MessageType : uint8_t {
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
+// Whether `raw` is a type of this version: a request type (everything but kReply), or a message
+// type at all.
+bool IsRequestType(uint8_t raw) noexcept;
+bool IsMessageType(uint8_t raw) noexcept;
 
 // One decoded message; only the fields of its type are meaningful.
 struct Message {
@@ -193,6 +206,10 @@ struct Message {
   // report)
   std::vector<uint8_t> data;
 };
+
+// A kReply to a request of type `to` carrying `status` (its text cut to kMaxReplyTextBytes) and
+// no data yet.
+Message ReplyMessage(MessageType to, const Status& status);
 
 // The whole frame (length prefix + body). kInvalidArgument when a field breaks a limit (the
 // message names it), so a client never sends what the gateway would refuse.
@@ -236,28 +253,16 @@ std::vector<uint8_t> EncodeTunnelEvent(const TunnelEvent& event);
 StatusOr<TunnelEvent> DecodeTunnelEvent(std::span<const uint8_t> data);
 // Bytes a kTunnelData body spends before its data (type and tag).
 inline constexpr size_t kTunnelDataOverhead = 5;
+// A kTunnelData frame's bytes before its data: the length prefix, type and tag.
+inline constexpr size_t kTunnelDataHeadBytes = kFrameLengthBytes + kTunnelDataOverhead;
+// Writes those bytes for `data_size` bytes of data (the caller sends the data right after them):
+// the hot path of a tunnel, without an allocation. data_size + kTunnelDataOverhead must fit the
+// receiver's max_message_bytes.
+void EncodeTunnelDataHead(uint32_t tag, size_t data_size, uint8_t out[kTunnelDataHeadBytes]);
+// The largest control frame body (a reply without bulk data, a tunnel close) a client must take:
+// the longest text plus room for the fields and a small data part such as a tunnel event.
+inline constexpr uint32_t kMaxControlBodyBytes = 64 * 1024;
 
-// Writes all of `bytes` to the socket by `deadline`. kDeadlineExceeded, or kUnavailable when the
-// peer is gone.
-Status WriteAll(int fd, std::span<const uint8_t> bytes, Deadline deadline);
-// Reads one frame's body by `deadline`. kUnavailable "connection closed" on a clean EOF before
-// the first byte, kDataLoss on EOF mid-frame, kResourceExhausted when the length prefix exceeds
-// `max_message_bytes` (nothing more is read), kInvalidArgument for a zero length.
-StatusOr<std::vector<uint8_t>> ReadFrame(int fd, uint32_t max_message_bytes, Deadline deadline);
-// ReadFrame into a reusable buffer: `*body` becomes the frame's body, its capacity kept, so that
-// a connection serving many large frames does not allocate, zero and fault in a fresh buffer per
-// frame (which glibc serves with mmap above 32 MiB: page faults and unmaps every time). Same
-// errors as ReadFrame; on error `*body` is unspecified.
-Status ReadFrameInto(int fd, uint32_t max_message_bytes, Deadline deadline,
-                     std::vector<uint8_t>* body);
-// Reading a frame in parts, so that its bulk data can go straight to where it belongs:
-// ReadFrameLength reads the length prefix (errors as ReadFrame's, before the body), then
-// ReadFrameBytes reads exactly out.size() bytes of the body (kDataLoss when the connection closes
-// first, kDeadlineExceeded at the deadline). The caller must read the whole body, or drop the
-// connection, before the next frame.
-StatusOr<uint32_t> ReadFrameLength(int fd, uint32_t max_message_bytes, Deadline deadline);
-Status ReadFrameBytes(int fd, std::span<uint8_t> out, Deadline deadline);
+}  // namespace strait::localproto
 
-}  // namespace strait::gateway
-
-#endif  // STRAIT_LIB_GATEWAY_LOCAL_PROTOCOL_H_
+#endif  // STRAIT_LIB_LOCALPROTO_PROTOCOL_H_
