@@ -1220,12 +1220,34 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
       return g->RegionReceiver();
     }
     const int peer = g->RankOf(link->peer_region());
-    g->KeepLink(peer, link);
     STRAIT_LOG(kInfo, kLog) << "accepted link from " << link->peer_region();
-    return net::MessageCallback(g->transport->ReceiverFor(
-        peer, [g, peer](uint32_t ch, std::vector<uint8_t> m) {
-          g->OnOtherChannel(peer, ch, std::move(m));
-        }));
+    // The new link replaces the one in use only once a message arrived over it (a dialing
+    // gateway greets at once): an admitted peer whose fresh connections fail right after the
+    // handshake must not take down the link that works (it did: /readyz went "not ready" and
+    // the next all-reduce timed out).
+    auto receiver = g->transport->ReceiverFor(peer, [g, peer](uint32_t ch, std::vector<uint8_t> m) {
+      g->OnOtherChannel(peer, ch, std::move(m));
+    });
+    auto adopted = std::make_shared<std::atomic<bool>>(false);
+    std::weak_ptr<net::Link> weak = link;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->pending_links[peer] = link;
+    }
+    return net::MessageCallback([g, peer, adopted, weak, receiver = std::move(receiver)](
+                                    uint32_t ch, std::vector<uint8_t> m) {
+      if (!adopted->exchange(true)) {
+        if (std::shared_ptr<net::Link> l = weak.lock()) {
+          {
+            std::lock_guard<std::mutex> lock(g->mu);
+            auto it = g->pending_links.find(peer);
+            if (it != g->pending_links.end() && it->second == l) g->pending_links.erase(it);
+          }
+          g->KeepLink(peer, std::move(l));
+        }
+      }
+      receiver(ch, std::move(m));
+    });
   });
   if (!endpoint.ok()) return endpoint.status().WithContext("config " + config.file);
   g->endpoint = std::move(endpoint).value();

@@ -59,6 +59,9 @@ struct Gateway::Impl {
   std::mutex mu;
   std::condition_variable links_cv;
   std::vector<std::shared_ptr<net::Link>> links;
+  // Per peer, the newest accepted link not yet adopted (it replaces links[peer] on its first
+  // message; until then this handle keeps it open). One per peer: bounded under reconnect floods.
+  std::map<int, std::shared_ptr<net::Link>> pending_links;
   std::map<std::string, JobPolicy> jobs;
   // job -> the uid that registered it (see "Jobs and isolation" in gateway.h).
   std::map<std::string, uint32_t> job_owners;

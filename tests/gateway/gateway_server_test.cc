@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collective/net_transport.h"
+#include "net/link.h"
 #include "localproto/client.h"
 
 namespace strait::gateway {
@@ -325,6 +326,33 @@ class GatewayPair : public GatewayServer {
   std::unique_ptr<Gateway> eu_;
   std::vector<std::unique_ptr<Client>> clients_;
 };
+
+// A peer that the endpoint admits (right region) but whose fresh links die before they carry
+// anything -- a broken or hostile gateway of that region reconnecting again and again -- must
+// not replace the link that works: the next all-reduce goes through at once.
+TEST_F(GatewayPair, LinksThatDieBeforeTheirFirstMessageDoNotReplaceTheWorkingOne) {
+  StartBoth();
+  ASSERT_EQ(AllReduceBoth("before", 1000), 0u);
+  for (int i = 0; i < 5; ++i) {
+    net::EndpointOptions o;
+    o.region = "eu";
+    o.transport = net::Transport::kPlainTcp;
+    o.peer_regions = {"us"};
+    auto impostor = net::Endpoint::Create(o, [](std::shared_ptr<net::Link>) {
+      return net::MessageCallback([](uint32_t, std::vector<uint8_t>) {});
+    });
+    ASSERT_TRUE(impostor.ok()) << impostor.status();
+    auto link = (*impostor)->Connect("us", "127.0.0.1", gateway_->wan_port(),
+                                     [](uint32_t, std::vector<uint8_t>) {});
+    ASSERT_TRUE(link.ok()) << link.status();
+    ASSERT_TRUE((*link)->WaitForStreams(1, Deadline::AfterSeconds(5)).ok());
+    link->reset();
+    impostor->reset();  // the link ends without a message
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(AllReduceBoth("after", 1000), 0u);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
 
 TEST_F(GatewayPair, ManySizesOnOneConnection) {
   StartBoth();
