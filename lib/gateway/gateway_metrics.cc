@@ -93,10 +93,11 @@ void Gateway::Impl::DeclareMetrics() {
 
 void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status,
                                     int64_t elapsed_ns, const collective::AllReduceStats& stats) {
-  const MetricLabels job{{"job", request.job}};
+  // `strait_job`, not `job`: Prometheus owns `job` (the scrape target's) and would rename ours.
+  const MetricLabels job{{"strait_job", request.job}};
   if (!status.ok()) {
     metrics.Add("strait_allreduce_failures_total",
-                {{"job", request.job}, {"code", StatusCodeName(status.code())}}, 1);
+                {{"strait_job", request.job}, {"code", StatusCodeName(status.code())}}, 1);
     return;
   }
   metrics.Add("strait_allreduces_total", job, 1);
