@@ -1692,14 +1692,31 @@ Status CheckOptions(const EndpointOptions& o) {
     return InvalidArgumentError("link timeouts and limits must be positive, with "
                                 "redial_max >= redial_initial and stream_timeout > ping_interval");
   }
-  return CheckCongestionControl(l.congestion_control);
+  return Status::Ok();
 }
 
 }  // namespace
 
+Status CheckEndpoint(const EndpointOptions& options, EndpointSetting* setting) {
+  EndpointSetting ignored = EndpointSetting::kNone;
+  if (setting == nullptr) setting = &ignored;
+  *setting = EndpointSetting::kOptions;
+  STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  *setting = EndpointSetting::kCongestionControl;
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
+  *setting = EndpointSetting::kNone;
+  if (options.transport == Transport::kTls) {
+    STRAIT_RETURN_IF_ERROR(LoadTlsIdentity(options.region, options.ca_file, options.cert_file,
+                                           options.key_file, setting)
+                               .status());
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
                                                      AcceptCallback on_accept) {
   STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
   std::unique_ptr<asio::ssl::context> tls;
   if (options.transport == Transport::kTls) {
     STRAIT_ASSIGN_OR_RETURN(tls, LoadTlsIdentity(options.region, options.ca_file,
