@@ -5,10 +5,12 @@
 //   straitd --config /etc/strait/straitd.toml
 //   straitd --check-config /etc/strait/straitd.toml   # "config OK: ..." and 0, or the error and 2
 //   straitd --syntax-only --check-config FILE         # the text only (where the TLS files are not)
+//   straitd --version                                 # "straitd 0.1.0 (git ...)"
 //
 // --check-config checks what a start would: the text (gateway/config.h), then the TLS files and
 // the kernel's congestion control (gateway/config_check.h); warnings (a private key others may
-// read) go to stderr and do not fail it. A start runs the same checks first.
+// read) go to stderr and do not fail it. A start runs the same checks first. Bad flags exit 2,
+// as on every Strait tool (tools/cli/cli.h).
 //
 // Under systemd (Type=notify, deploy/systemd/straitd.service) it reports READY=1 once its
 // sockets are bound and STOPPING=1 when a stop signal arrives, through $NOTIFY_SOCKET.
@@ -33,6 +35,7 @@
 #include "gateway/config.h"
 #include "gateway/config_check.h"
 #include "gateway/gateway.h"
+#include "tools/cli/cli.h"
 
 namespace {
 
@@ -95,6 +98,7 @@ std::optional<strait::gateway::GatewayConfig> LoadCheckedConfig(const std::strin
 
 int main(int argc, char** argv) {
   CLI::App app{"straitd: Strait region gateway"};
+  strait::cli::AddVersionFlag(app, "straitd");
   std::string config_file, check_file, log_level, log_format;
   app.add_option("--config", config_file, "gateway config file (TOML)");
   bool syntax_only = false;
@@ -108,44 +112,44 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "error, warn, info, debug, trace");
   app.add_option("--log-format", log_format,
                  "text (default) or json (one object per line: ts, level, subsystem, msg)");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = strait::cli::Parse(app, argc, argv, "straitd")) return *done;
 
   if (!check_file.empty()) {
     const std::optional<strait::gateway::GatewayConfig> config =
         LoadCheckedConfig(check_file, /*log_warnings=*/false, syntax_only);
-    if (!config) return 2;
+    if (!config) return strait::kExitUsage;
     std::printf("config OK: %s\n", config->Summary().c_str());
     return 0;
   }
   if (config_file.empty()) {
     std::fprintf(stderr, "straitd: --config FILE is required (or --check-config FILE)\n");
-    return 2;
+    return strait::kExitUsage;
   }
   if (!log_level.empty()) {
     auto level = strait::ParseLogLevel(log_level);
     if (!level.ok()) {
       std::fprintf(stderr, "straitd: --log-level: %s\n", level.status().message().c_str());
-      return 2;
+      return strait::kExitUsage;
     }
     strait::SetLogLevel(*level);
   } else if (strait::Status s = strait::InitLogLevelFromEnv(); !s.ok()) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
-    return 2;
+    return strait::kExitUsage;
   }
   if (!log_format.empty()) {
     auto format = strait::ParseLogFormat(log_format);
     if (!format.ok()) {
       std::fprintf(stderr, "straitd: --log-format: %s\n", format.status().message().c_str());
-      return 2;
+      return strait::kExitUsage;
     }
     strait::SetLogFormat(*format);
   } else if (strait::Status s = strait::InitLogFormatFromEnv(); !s.ok()) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
-    return 2;
+    return strait::kExitUsage;
   }
   const std::optional<strait::gateway::GatewayConfig> config =
       LoadCheckedConfig(config_file, /*log_warnings=*/true);
-  if (!config) return 2;
+  if (!config) return strait::kExitUsage;
 
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t stop_signals;
