@@ -26,7 +26,8 @@ net::EndpointOptions EndpointOptionsOf(const GatewayConfig& config);
 // Checks, under TLS: the CA, certificate and key files load, the key is the certificate's, the
 // certificate names `region`; always: the kernel offers link.congestion_control. Appends to
 // `warnings` what does not stop a start but should be fixed: a private key that others may read
-// or write (group read is allowed: 0640 root:strait is the documented setup). Thread-safe; reads files, does not touch the network.
+// or write (group read is allowed: 0640 root:strait is the documented setup). Thread-safe;
+// reads files, does not touch the network.
 Status CheckConfigEnvironment(const GatewayConfig& config, std::vector<std::string>* warnings);
 
 }  // namespace strait::gateway

@@ -14,7 +14,8 @@
 // before a scrape with Set; series that may vanish (a peer removed) are dropped with Clear.
 // Names follow Prometheus conventions: strait_ prefix, _total for counters, base units
 // (_seconds, _bytes). Using an undeclared name, or a name with another type, or the label names
-// `job` or `instance` (Prometheus' own target labels) is a programmer error (std::logic_error). Thread-safe: every method takes one mutex.
+// `job` or `instance` (Prometheus' own target labels) is a programmer error (std::logic_error).
+// Thread-safe: every method takes one mutex.
 #ifndef STRAIT_LIB_GATEWAY_METRICS_H_
 #define STRAIT_LIB_GATEWAY_METRICS_H_
 
