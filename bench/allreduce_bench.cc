@@ -39,6 +39,7 @@
 #include "common/units.h"
 #include "localproto/client.h"
 #include "gateway/config.h"
+#include "tools/cli/cli.h"
 
 extern char** environ;
 
@@ -1255,8 +1256,8 @@ std::string FormatTable(const Report& rep) {
 std::string FormatJson(const Report& rep) {
   const Flags& f = rep.flags;
   Json j;
+  cli::SetReportHeader(j, kToolName);
   j["command"] = kCommand;
-  j["timestamp"] = UtcTimestamp();
   j["cpu"] = CpuModelName();
   j["regions"] = f.regions;
   j["ranks_per_region"] = f.ranks_per_region;

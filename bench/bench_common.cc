@@ -14,6 +14,7 @@
 #include <new>
 
 #include "common/units.h"
+#include "tools/cli/cli.h"
 
 namespace strait::bench {
 
@@ -123,12 +124,7 @@ std::string CpuModelName() {
 }
 
 std::string UtcTimestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return cli::UtcTimestamp();
 }
 
 ProgressLine::ProgressLine() : enabled_(isatty(STDERR_FILENO) == 1) {}

@@ -17,13 +17,15 @@
 #include <string_view>
 #include <vector>
 
+#include "common/version.h"
+
 namespace strait::bench {
 
 inline constexpr int kExitOk = 0;
 // A measurement could not be made or a codec gave wrong results.
 inline constexpr int kExitFailure = 1;
-// A bad flag or flag value.
-inline constexpr int kExitUsage = 2;
+// A bad flag or flag value: the same code on every Strait tool (common/version.h).
+inline constexpr int kExitUsage = strait::kExitUsage;
 
 // Flags of the main program, visible to every subcommand.
 struct GlobalFlags {
@@ -60,6 +62,9 @@ std::string AlignColumns(const std::vector<std::vector<std::string>>& rows, size
 std::string CpuModelName();
 // "2026-11-29T18:48:58Z".
 std::string UtcTimestamp();
+
+// The name every --json report gives as "tool"; the subcommand goes in "command".
+inline constexpr const char* kToolName = "strait-bench";
 
 // One status line on stderr, rewritten in place with '\r'. Silent unless stderr is a terminal,
 // so that logs and pipes stay clean. Clear() erases it before the report is printed.

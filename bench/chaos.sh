@@ -311,9 +311,12 @@ for scn in $SCENARIOS; do
 done
 
 rc=0
-python3 - "$TMP" "$JSON" "$COUNT" "$SCENARIOS" <<'EOF' || rc=$?
-import glob, json, os, statistics, sys
+# --json carries the fields every Strait tool's report has (tool, version, timestamp).
+VERSION=$("$STRAITD" --version | awk '{print $2}')
+python3 - "$TMP" "$JSON" "$COUNT" "$SCENARIOS" "$VERSION" <<'EOF' || rc=$?
+import datetime, glob, json, os, statistics, sys
 tmp, as_json, count, scenarios = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4].split()
+version = sys.argv[5]
 tensor_mib = count * 4 / 2**20
 out, bad = [], False
 
@@ -416,7 +419,9 @@ for scn in scenarios:
     out.append(row)
 
 if as_json:
-    print(json.dumps({"tensor_mib": tensor_mib, "scenarios": out}, indent=1))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    print(json.dumps({"tool": "chaos.sh", "version": version, "timestamp": now,
+                      "tensor_mib": tensor_mib, "scenarios": out}, indent=1))
 else:
     head = ["scenario", "calls", "failed", "wrong", "mixed", "split", "partial", "hangs", "faults",
             "recovery max/median s", "MiB/s between / undisturbed", "ratio", "goal", "load 1m"]

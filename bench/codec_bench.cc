@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "strait/reduce.h"
+#include "tools/cli/cli.h"
 
 namespace strait::bench {
 namespace {
@@ -685,10 +686,10 @@ std::string FormatCodecReportJson(const CodecBenchReport& r) {
   };
   const CodecBenchOptions& o = r.options;
   Json j;
-  j["benchmark"] = "codec";
+  cli::SetReportHeader(j, kToolName, r.date);
+  j["command"] = "codec";
   j["cpu"] = r.cpu;
   j["codec_isa"] = r.isa;
-  j["date"] = r.date;
   j["size_bytes"] = o.size_bytes;
   j["iters"] = o.iters;
   j["seed"] = o.seed;

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/bench_common.h"
 #include "bench/gradient.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -29,6 +30,7 @@
 #include "net/socket_options.h"
 #include "net/tls.h"
 #include "strait/codec.h"
+#include "tools/cli/cli.h"
 
 namespace strait::bench {
 namespace {
@@ -635,8 +637,8 @@ std::string FormatLinkReportJson(const LinkBenchReport& r) {
   using Json = nlohmann::ordered_json;
   const LinkBenchOptions& o = r.options;
   Json j;
-  j["benchmark"] = "link";
-  j["date"] = r.date;
+  cli::SetReportHeader(j, kToolName, r.date);
+  j["command"] = "link";
   j["cpu"] = r.cpu;
   j["region"] = o.endpoint.region;
   j["peer_region"] = o.endpoint.peer_regions.front();

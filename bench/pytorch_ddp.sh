@@ -79,9 +79,12 @@ run strait-int8 strait int8,ef
 run strait-zstd strait zstd
 
 $PY examples/pytorch/train_ddp.py --plot "$OUT/loss.png" "$OUT"/runs/{gloo,strait-int8,strait-zstd}.json >&2
-$PY - "$OUT" "$JSON" "$LOAD" "$STEPS" <<'PYEOF'
-import json, os, sys
+# --json carries the fields every Strait tool's report has (tool, version, timestamp).
+VERSION=$("$STRAITD" --version | awk '{print $2}')
+$PY - "$OUT" "$JSON" "$LOAD" "$STEPS" "$VERSION" <<'PYEOF'
+import datetime, json, os, sys
 out, as_json, load, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+version = sys.argv[5]
 runs = []
 for label in ("gloo", "strait-int8", "strait-zstd"):
     with open(f"{out}/runs/{label}.json") as f:
@@ -93,7 +96,9 @@ for label in ("gloo", "strait-int8", "strait-zstd"):
 g, i8 = runs[0], runs[1]
 speedup = g["step_time_s"] / i8["step_time_s"]
 delta = 100 * (i8["accuracy"] - g["accuracy"])
-result = {"regions": 3, "ranks_per_region": 2, "link": "100mbit,20ms one way, TLS",
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+result = {"tool": "pytorch_ddp.sh", "version": version, "timestamp": now,
+          "regions": 3, "ranks_per_region": 2, "link": "100mbit,20ms one way, TLS",
           "steps": steps, "params": g["params"], "runs": runs, "speedup": speedup,
           "accuracy_delta_points": delta, "speedup_goal": 5.0,
           "identical_everywhere": all(r["identical_parameters"] for r in runs),

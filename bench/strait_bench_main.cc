@@ -3,7 +3,9 @@
 // JSON object with --json.
 //
 // Exit codes: 0 measured (goals may still be MISSed: a benchmark reports, it does not judge),
-// 1 a measurement failed or a codec produced wrong results, 2 a bad flag or flag value.
+// 1 a measurement failed or a codec produced wrong results, 2 a bad flag or flag value (as on
+// every Strait tool, tools/cli/cli.h). `--version` prints the tool's version; --json reports
+// start with "tool", "version", "timestamp" and "command" (the subcommand).
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <string>
@@ -14,6 +16,7 @@
 #include "bench/codec_bench.h"
 #include "bench/link_bench.h"
 #include "common/log.h"
+#include "tools/cli/cli.h"
 
 namespace {
 
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
   CLI::App app{"strait-bench: Strait benchmarks. Every figure is printed beside its bound.",
                "strait-bench"};
   app.require_subcommand(1);
+  strait::cli::AddVersionFlag(app, "strait-bench");
   // Global flags are accepted after the subcommand too: `strait-bench codec --json`.
   app.fallthrough();
 

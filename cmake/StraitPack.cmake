@@ -28,8 +28,10 @@ install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.env DESTINATION ${CMAKE_INSTA
 install(FILES ${STRAIT_DEPLOY_DIR}/examples/straitd.toml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/examples)
 install(DIRECTORY ${STRAIT_DEPLOY_DIR}/kubernetes/ DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/kubernetes)
-install(PROGRAMS ${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh DESTINATION ${CMAKE_INSTALL_BINDIR}
-        RENAME strait-certs)
+# With the project version filled in (strait-certs --version, as every Strait tool).
+configure_file(${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh ${PROJECT_BINARY_DIR}/strait-certs
+               @ONLY)
+install(PROGRAMS ${PROJECT_BINARY_DIR}/strait-certs DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
 # The Python package (pure Python; it dlopens libstrait.so.0 from the loader's path, which the

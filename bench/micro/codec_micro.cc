@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <zstd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -23,6 +24,7 @@
 #include "codec/crc32c.h"
 #include "codec/kernels.h"
 #include "codec/shuffle.h"
+#include "common/version.h"
 #include "strait/codec.h"
 #include "strait/reduce.h"
 
@@ -235,8 +237,16 @@ void RegisterAll() {
 }  // namespace strait::bench
 
 int main(int argc, char** argv) {
+  // The conventions of every Strait tool (tools/cli/cli.h) around Google Benchmark's own flags:
+  // --version, and exit 2 for a flag it does not know.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--version") {
+      std::printf("%s\n", strait::VersionLine("codec_micro").c_str());
+      return 0;
+    }
+  }
   benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return strait::kExitUsage;
   strait::bench::RegisterAll();
   benchmark::AddCustomContext("codec_isa", strait::CodecIsaName());
   benchmark::RunSpecifiedBenchmarks();

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "cuda/quantize.h"
 #include "strait/codec.h"
 #include "strait/types.h"
@@ -111,8 +112,13 @@ double GBps(double bytes, double ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --version and exit 2 on a bad flag, as on every Strait tool (tools/cli/cli.h).
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    std::printf("%s\n", strait::VersionLine("cuda_kernels_bench").c_str());
+    return 0;
+  }
   Args args;
-  if (!ParseArgs(argc, argv, &args)) return 2;
+  if (!ParseArgs(argc, argv, &args)) return strait::kExitUsage;
   std::string why;
   if (!strait::cuda::HaveCudaDevice(&why)) {
     std::printf("cuda_kernels_bench: skipped: %s\n", why.c_str());

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "common/version.h"
+#include "tools/cli/cli.h"
 
 extern char** environ;
 
@@ -94,7 +97,7 @@ StatusOr<EmulatorOptions> BuildOptions(const TopologyFlags& f) {
 
 int Fail(const Status& s) {
   std::cerr << kTool << ": " << s.message() << "\n";
-  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : 1;
 }
 
 // SIGTERM when the parent dies, so a test or script that is killed takes the emulation with it.
@@ -368,6 +371,8 @@ int CmdSelfcheck(TopologyFlags flags, const SelfcheckFlags& sc) {
   // TCP payload per IP packet: 20 bytes IP, 20 TCP, 12 of timestamp option.
   const double payload_ratio = double(mtu - 52) / double(mtu);
   nlohmann::json j;
+  cli::SetReportHeader(j, kTool);
+  j["command"] = "selfcheck";
   j["mtu"] = mtu;
   j["cc"] = cc;
   j["regions"] = table.regions;
@@ -478,6 +483,7 @@ int RunCli(int argc, char** argv) {
   CLI::App app{"strait-wanem: emulates WAN links between regions (network namespaces) on one "
                "machine; needs root"};
   app.require_subcommand(1);
+  cli::AddVersionFlag(app, kTool);
   std::string log_level;
   app.add_option("--log-level", log_level, "error, warn, info, debug, trace")->configurable();
 
@@ -530,11 +536,7 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
   selfcheck->add_flag("--json", sc.json, "Print one JSON object");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (std::optional<int> done = cli::Parse(app, argc, argv, kTool)) return *done;
   Status env = InitLogLevelFromEnv();
   if (!env.ok()) return Fail(env);
   if (!log_level.empty()) {

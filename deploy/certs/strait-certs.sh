@@ -13,6 +13,10 @@
 set -euo pipefail
 
 PROG=$(basename "$0")
+# The project version, filled in by CMake when the script is installed as strait-certs
+# (cmake/StraitPack.cmake); the copy in the source tree says so instead.
+VERSION="@PROJECT_VERSION@"
+[[ $VERSION != @* ]] || VERSION="(source tree, not installed)"
 DIR=.
 DAYS=""
 FORCE=0
@@ -34,6 +38,7 @@ Usage:
                 [--force]
   $PROG show    [--dir DIR] [FILE.pem]
   $PROG help
+  $PROG --version
 
 Makes the certificates straitd's [tls] section names (ca, cert, key):
   ca       the cluster CA: DIR/ca.pem (give to every gateway as tls.ca) and DIR/ca.key (keep it
@@ -209,21 +214,25 @@ cmd_show() {
 }
 
 (($# >= 1)) || { usage >&2; exit 2; }
+if [[ $1 == --version ]]; then echo "strait-certs $VERSION"; exit 0; fi
+# A flag's value; a missing one is a usage error (exit 2, as on every Strait tool), where the
+# shell's own "parameter null or not set" check would exit 1.
+value() { (($# >= 2)) && [[ -n $2 ]] || die "$1 needs a value (see '$PROG help')"; printf '%s' "$2"; }
 CMD=$1
 shift
 ARGS=()
 while (($# > 0)); do
   case $1 in
-    --dir) DIR=${2:?--dir needs a value}; shift 2 ;;
+    --dir) DIR=$(value "$@"); shift 2 ;;
     --days)
-      DAYS=${2:?--days needs a value}
+      DAYS=$(value "$@")
       [[ $DAYS =~ ^[1-9][0-9]{0,4}$ ]] || die "--days '$DAYS': allowed: a whole number of days, 1-99999"
       shift 2 ;;
     --name)
-      if [[ $CMD == ca ]]; then CA_NAME=${2:?--name needs a value}; else STEM=${2:?--name needs a value}; fi
+      if [[ $CMD == ca ]]; then CA_NAME=$(value "$@"); else STEM=$(value "$@"); fi
       shift 2 ;;
-    --region) REGION=${2:?--region needs a value}; shift 2 ;;
-    --san) EXTRA_SANS+=("${2:?--san needs a value}"); shift 2 ;;
+    --region) REGION=$(value "$@"); shift 2 ;;
+    --san) EXTRA_SANS+=("$(value "$@")"); shift 2 ;;
     --force) FORCE=1; shift ;;
     -h | --help) usage; exit 0 ;;
     -*) die "unknown option '$1' (see '$PROG help')" ;;

@@ -26,6 +26,7 @@
 #include "collective/net_transport.h"
 #include "common/endian.h"
 #include "common/log.h"
+#include "gateway/config_check.h"
 #include "gateway/gateway_impl.h"
 
 namespace strait::gateway {
@@ -1205,15 +1206,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
                             << " (measured for policy auto)";
   }
 
-  net::EndpointOptions o;
-  o.region = config.region;
-  o.transport = config.transport;
-  o.ca_file = config.tls_ca;
-  o.cert_file = config.tls_cert;
-  o.key_file = config.tls_key;
-  for (const auto& [region, shards] : config.peers) o.peer_regions.push_back(region);
-  if (!config.region_gateways.empty()) o.peer_regions.push_back(config.region);
-  o.link = config.link;
+  // The same options `straitd --check-config` checks (config_check.h).
+  const net::EndpointOptions o = EndpointOptionsOf(config);
   auto endpoint = net::Endpoint::Create(o, [g](std::shared_ptr<net::Link> link) {
     if (link->peer_region() == g->config.region) {
       STRAIT_LOG(kInfo, kLog) << "accepted link from a gateway of this region";

@@ -10,15 +10,9 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "gateway/gateway_impl.h"
 #include "strait/types.h"
-
-#ifndef STRAIT_VERSION_STRING
-#define STRAIT_VERSION_STRING "unknown"
-#endif
-#ifndef STRAIT_GIT_DESCRIBE
-#define STRAIT_GIT_DESCRIBE "unknown"
-#endif
 
 namespace strait::gateway {
 namespace {
@@ -88,15 +82,16 @@ void Gateway::Impl::DeclareMetrics() {
                   "by job.",
                   kLatencyBuckets);
   metrics.Set("strait_build_info",
-              {{"version", STRAIT_VERSION_STRING}, {"git", STRAIT_GIT_DESCRIBE}}, 1);
+              {{"version", ProjectVersion()}, {"git", GitDescribe()}}, 1);
 }
 
 void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status,
                                     int64_t elapsed_ns, const collective::AllReduceStats& stats) {
-  const MetricLabels job{{"job", request.job}};
+  // `strait_job`, not `job`: Prometheus owns `job` (the scrape target's) and would rename ours.
+  const MetricLabels job{{"strait_job", request.job}};
   if (!status.ok()) {
     metrics.Add("strait_allreduce_failures_total",
-                {{"job", request.job}, {"code", StatusCodeName(status.code())}}, 1);
+                {{"strait_job", request.job}, {"code", StatusCodeName(status.code())}}, 1);
     return;
   }
   metrics.Add("strait_allreduces_total", job, 1);

@@ -40,6 +40,18 @@ void AppendLabels(std::string& out, const MetricLabels& labels, const char* extr
   out += '}';
 }
 
+// Prometheus attaches `job` and `instance` to every scraped series itself; a series carrying its
+// own is renamed to `exported_job` / `exported_instance` on ingestion (honor_labels is off by
+// default), so queries written against the documented name silently find nothing.
+void CheckLabelNames(const std::string& metric, const MetricLabels& labels) {
+  for (const auto& label : labels) {
+    if (label.first == "job" || label.first == "instance") {
+      throw std::logic_error("metric " + metric + " uses label '" + label.first +
+                             "', which Prometheus reserves for the scrape target");
+    }
+  }
+}
+
 void AppendSample(std::string& out, const std::string& name, const MetricLabels& labels,
                   double value, const char* extra_name = nullptr,
                   const std::string& extra_value = {}) {
@@ -124,16 +136,19 @@ MetricsRegistry::Family& MetricsRegistry::Find(const std::string& name, MetricTy
 }
 
 void MetricsRegistry::Add(const std::string& name, const MetricLabels& labels, double delta) {
+  CheckLabelNames(name, labels);
   std::lock_guard<std::mutex> lock(mu_);
   Find(name, MetricType::kCounter, MetricType::kGauge).series[labels].value += delta;
 }
 
 void MetricsRegistry::Set(const std::string& name, const MetricLabels& labels, double value) {
+  CheckLabelNames(name, labels);
   std::lock_guard<std::mutex> lock(mu_);
   Find(name, MetricType::kCounter, MetricType::kGauge).series[labels].value = value;
 }
 
 void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels, double value) {
+  CheckLabelNames(name, labels);
   std::lock_guard<std::mutex> lock(mu_);
   Family& f = Find(name, MetricType::kHistogram, MetricType::kHistogram);
   Series& s = f.series[labels];

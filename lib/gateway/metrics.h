@@ -5,7 +5,7 @@
 // Usage:
 //   MetricsRegistry r;
 //   r.Declare("strait_allreduce_seconds", MetricType::kHistogram, "...", kLatencyBuckets);
-//   r.Observe("strait_allreduce_seconds", {{"job", "llm"}}, 0.012);
+//   r.Observe("strait_allreduce_seconds", {{"strait_job", "llm"}}, 0.012);
 //   r.Declare("strait_peer_up", MetricType::kGauge, "...");
 //   r.Set("strait_peer_up", {{"peer", "eu"}}, 1);
 //   std::string text = r.Text();
@@ -13,8 +13,9 @@
 // Values that live elsewhere (link estimates, the gateway's atomic counters) are copied in just
 // before a scrape with Set; series that may vanish (a peer removed) are dropped with Clear.
 // Names follow Prometheus conventions: strait_ prefix, _total for counters, base units
-// (_seconds, _bytes). Using an undeclared name, or a name with another type, is a programmer
-// error (std::logic_error). Thread-safe: every method takes one mutex.
+// (_seconds, _bytes). Using an undeclared name, or a name with another type, or the label names
+// `job` or `instance` (Prometheus' own target labels) is a programmer error (std::logic_error).
+// Thread-safe: every method takes one mutex.
 #ifndef STRAIT_LIB_GATEWAY_METRICS_H_
 #define STRAIT_LIB_GATEWAY_METRICS_H_
 

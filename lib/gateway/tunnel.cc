@@ -322,7 +322,10 @@ struct TunnelService::State {
 
   std::mutex mu;
   std::condition_variable cv;
-  Phase phase = Phase::kOpening;
+  // Atomic because it is read under the service's mu_ (Supervise, ServeListen, ServeAccept look
+  // for kAwaitingAccept) but kOpening -> kOpen is written under `mu` alone (OnWanMessage);
+  // every other field here stays under `mu`.
+  std::atomic<Phase> phase{Phase::kOpening};
   int64_t accept_deadline_ns = 0;
   bool open_done = false;  // kOpening: the peer answered (open_status) or the link failed
   Status open_status;

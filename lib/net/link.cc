@@ -35,6 +35,7 @@
 #include <asio/ssl.hpp>
 
 #include "common/log.h"
+#include "common/log_limiter.h"
 #include "common/units.h"
 #include "net/adapt.h"
 #include "net/socket_options.h"
@@ -329,6 +330,7 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::vector<std::shared_ptr<LinkCore>> closing_;  // links ended by shutdown, still draining
   mutable std::mutex counters_mu_;
   EndpointCounters counters_;
+  LogRateLimiter refusal_log_{10'000'000'000};  // Refuse's WARN lines, per address and reason
   bool shut_down_ = false;
   // Accept failures in a row (out of descriptors or memory) and the pause after each: the
   // connection stays in the backlog and accept would fail again at once -- without the pause
@@ -1364,9 +1366,22 @@ void EndpointCore::Refuse(const std::shared_ptr<StreamConn>& stream, const std::
                           uint64_t EndpointCounters::*counter) {
   if (stream->timed_out()) counter = &EndpointCounters::handshake_timeouts;
   Count([counter](EndpointCounters& c) { ++(c.*counter); });
-  STRAIT_LOG(kWarn, "net") << "refused stream from " << stream->peer() << ": "
-                           << (stream->timed_out() ? "timed out during setup (" + why + ")"
-                                                   : why);
+  // A refused peer redials with backoff, from a new port each time: one WARN per source address
+  // and reason, then one line per interval with the count (the counters have every refusal).
+  const std::string reason =
+      stream->timed_out() ? "timed out during setup (" + why + ")" : why;
+  const std::string& peer = stream->peer();
+  const std::string host = peer.substr(0, peer.rfind(':'));
+  const LogRateLimiter::Decision d = refusal_log_.Admit(host + " " + reason, MonotonicNanos());
+  if (d.log) {
+    const int64_t interval_s = refusal_log_.interval_ns() / 1'000'000'000;
+    STRAIT_LOG(kWarn, "net") << "refused stream from " << peer << ": " << reason
+                             << (d.suppressed == 0
+                                     ? " (repeats from " + host + " are summarised every " +
+                                           std::to_string(interval_s) + " s)"
+                                     : " (and " + std::to_string(d.suppressed) +
+                                           " more times from " + host + " since the last line)");
+  }
   stream->Close();
   handshaking_.erase(stream);
 }
@@ -1694,14 +1709,31 @@ Status CheckOptions(const EndpointOptions& o) {
     return InvalidArgumentError("link timeouts and limits must be positive, with "
                                 "redial_max >= redial_initial and stream_timeout > ping_interval");
   }
-  return CheckCongestionControl(l.congestion_control);
+  return Status::Ok();
 }
 
 }  // namespace
 
+Status CheckEndpoint(const EndpointOptions& options, EndpointSetting* setting) {
+  EndpointSetting ignored = EndpointSetting::kNone;
+  if (setting == nullptr) setting = &ignored;
+  *setting = EndpointSetting::kOptions;
+  STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  *setting = EndpointSetting::kCongestionControl;
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
+  *setting = EndpointSetting::kNone;
+  if (options.transport == Transport::kTls) {
+    STRAIT_RETURN_IF_ERROR(LoadTlsIdentity(options.region, options.ca_file, options.cert_file,
+                                           options.key_file, setting)
+                               .status());
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
                                                      AcceptCallback on_accept) {
   STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
   std::unique_ptr<asio::ssl::context> tls;
   if (options.transport == Transport::kTls) {
     STRAIT_ASSIGN_OR_RETURN(tls, LoadTlsIdentity(options.region, options.ca_file,

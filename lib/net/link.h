@@ -119,6 +119,24 @@ struct EndpointOptions {
   LinkOptions link;
 };
 
+// Which option a failed CheckEndpoint is about, so that a caller can name its own config key.
+enum class EndpointSetting : int {
+  kNone = 0,
+  kOptions = 1,            // region names, link limits and timeouts
+  kCongestionControl = 2,  // link.congestion_control is not offered by this kernel
+  kCaFile = 3,             // ca_file missing, unreadable or not PEM
+  kCertFile = 4,           // cert_file missing, unreadable or not PEM
+  kCertRegion = 5,         // cert_file names another region than `region`, or none, or several
+  kKeyFile = 6,            // key_file missing, unreadable or not PEM
+  kKeyMismatch = 7,        // key_file is not the key of cert_file
+};
+
+// Everything Endpoint::Create checks -- the options, the kernel's congestion control, the TLS
+// identity (files, key/certificate pair, region) -- without starting anything, so that a config
+// check (`straitd --check-config`) fails where a start would. On error `*setting` (if not null)
+// names the option at fault. Thread-safe; reads files, does not touch the network.
+Status CheckEndpoint(const EndpointOptions& options, EndpointSetting* setting);
+
 // Receives one whole message. Runs on the I/O thread; must not block.
 using MessageCallback = std::function<void(uint32_t channel, std::vector<uint8_t> message)>;
 

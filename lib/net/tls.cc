@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "net/link.h"
 #include "net/wire.h"
 
 namespace strait::net {
@@ -24,11 +25,16 @@ std::string OpenSslErrors() {
   return out.empty() ? "unknown OpenSSL error" : out;
 }
 
+void Blame(EndpointSetting* setting, EndpointSetting which) {
+  if (setting != nullptr) *setting = which;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& ca_file,
                                                             const std::string& cert_file,
-                                                            const std::string& key_file) {
+                                                            const std::string& key_file,
+                                                            EndpointSetting* setting) {
   auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls);
   SSL_CTX* native = ctx->native_handle();
   ERR_clear_error();
@@ -36,18 +42,30 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
     return InternalError("cannot require TLS 1.3: " + OpenSslErrors());
   }
   if (SSL_CTX_load_verify_locations(native, ca_file.c_str(), nullptr) != 1) {
+    Blame(setting, EndpointSetting::kCaFile);
     return InvalidArgumentError("cannot load the cluster CA from '" + ca_file +
                                 "': " + OpenSslErrors());
   }
   if (SSL_CTX_use_certificate_chain_file(native, cert_file.c_str()) != 1) {
+    Blame(setting, EndpointSetting::kCertFile);
     return InvalidArgumentError("cannot load the certificate chain '" + cert_file +
                                 "': " + OpenSslErrors());
   }
   if (SSL_CTX_use_PrivateKey_file(native, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    // OpenSSL 3 checks the pair while loading the key: a readable key of another certificate
+    // fails here, not in SSL_CTX_check_private_key below.
+    const int reason = ERR_GET_REASON(ERR_peek_last_error());
+    if (reason == X509_R_KEY_VALUES_MISMATCH || reason == X509_R_KEY_TYPE_MISMATCH) {
+      Blame(setting, EndpointSetting::kKeyMismatch);
+      return InvalidArgumentError("private key '" + key_file + "' does not match certificate '" +
+                                  cert_file + "': " + OpenSslErrors());
+    }
+    Blame(setting, EndpointSetting::kKeyFile);
     return InvalidArgumentError("cannot load the private key '" + key_file +
                                 "': " + OpenSslErrors());
   }
   if (SSL_CTX_check_private_key(native) != 1) {
+    Blame(setting, EndpointSetting::kKeyMismatch);
     return InvalidArgumentError("private key '" + key_file + "' does not match certificate '" +
                                 cert_file + "'");
   }
@@ -108,12 +126,15 @@ StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file) {
 StatusOr<std::unique_ptr<asio::ssl::context>> LoadTlsIdentity(const std::string& region,
                                                               const std::string& ca_file,
                                                               const std::string& cert_file,
-                                                              const std::string& key_file) {
+                                                              const std::string& key_file,
+                                                              EndpointSetting* setting) {
   STRAIT_ASSIGN_OR_RETURN(std::unique_ptr<asio::ssl::context> ctx,
-                          MakeTlsContext(ca_file, cert_file, key_file));
-  STRAIT_ASSIGN_OR_RETURN(std::string own, RegionOfCertificateFile(cert_file));
-  if (own != region) {
-    return InvalidArgumentError("certificate '" + cert_file + "' names region '" + own +
+                          MakeTlsContext(ca_file, cert_file, key_file, setting));
+  StatusOr<std::string> own = RegionOfCertificateFile(cert_file);
+  if (!own.ok() || *own != region) Blame(setting, EndpointSetting::kCertRegion);
+  if (!own.ok()) return own.status();
+  if (*own != region) {
+    return InvalidArgumentError("certificate '" + cert_file + "' names region '" + *own +
                                 "' but this endpoint is configured as '" + region + "'");
   }
   return ctx;

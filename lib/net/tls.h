@@ -17,19 +17,26 @@ namespace strait::net {
 
 inline constexpr std::string_view kRegionUriPrefix = "strait://region/";
 
+enum class EndpointSetting : int;  // net/link.h: which option a failed check is about
+
 // A context for both roles (client and server): TLS 1.3 only, our chain and key, peers verified
-// against `ca_file` and required to present a certificate. Fails with a message naming the file.
+// against `ca_file` and required to present a certificate. Fails with a message naming the file;
+// `setting` (if not null) is then set to the file at fault (kCaFile, kCertFile, kKeyFile,
+// kKeyMismatch).
 StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& ca_file,
                                                             const std::string& cert_file,
-                                                            const std::string& key_file);
+                                                            const std::string& key_file,
+                                                            EndpointSetting* setting = nullptr);
 
 // MakeTlsContext plus the identity check: the certificate must name exactly `region`. What an
 // endpoint loads at start and again on ReloadIdentity (certificate rotation); errors name the
-// file at fault, and nothing is half-loaded (the caller keeps its old context on error).
+// file at fault (and so does `setting`, if not null: kCertRegion for a certificate of another
+// region), and nothing is half-loaded (the caller keeps its old context on error).
 StatusOr<std::unique_ptr<asio::ssl::context>> LoadTlsIdentity(const std::string& region,
                                                               const std::string& ca_file,
                                                               const std::string& cert_file,
-                                                              const std::string& key_file);
+                                                              const std::string& key_file,
+                                                              EndpointSetting* setting = nullptr);
 
 // The regions named by SAN URIs of the form strait://region/<name> in `cert` (usually one).
 std::vector<std::string> RegionsOfCertificate(X509* cert);

@@ -61,6 +61,9 @@ TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["command"], "allreduce");
+  EXPECT_EQ(j["tool"], "strait-bench");
+  EXPECT_TRUE(j["version"].is_string());
+  EXPECT_TRUE(j["timestamp"].is_string());
   EXPECT_EQ(j["regions"], 3);
   EXPECT_EQ(j["ranks_per_region"], 2);
   EXPECT_EQ(j["size_bytes"], 1 << 20);

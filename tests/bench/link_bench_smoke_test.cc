@@ -150,7 +150,11 @@ void RunPair(const std::vector<std::string>& server_flags,
 
   const nlohmann::json j = nlohmann::json::parse(client.out(), nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << "not JSON:\n" << client.out();
-  EXPECT_EQ(j.value("benchmark", ""), "link");
+  // The fields every tool's --json report shares (tools/cli/cli.h).
+  EXPECT_EQ(j.value("tool", ""), "strait-bench");
+  EXPECT_EQ(j.value("command", ""), "link");
+  EXPECT_FALSE(j.value("version", "").empty());
+  EXPECT_FALSE(j.value("timestamp", "").empty());
   EXPECT_EQ(j.value("transport", ""), transport);
   EXPECT_FALSE(j.value("congestion_control", "").empty());
   ASSERT_TRUE(j.contains("tests") && j["tests"].is_array());

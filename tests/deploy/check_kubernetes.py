@@ -57,7 +57,9 @@ def check_config(straitd, text, name):
         f.write(text)
         path = f.name
     try:
-        r = subprocess.run([straitd, "--check-config", path], capture_output=True, text=True,
+        # The text only: the TLS files it names live in the pods, not here.
+        r = subprocess.run([straitd, "--syntax-only", "--check-config", path],
+                           capture_output=True, text=True,
                            timeout=30)
         return r.returncode, (r.stdout + r.stderr).strip()
     finally:

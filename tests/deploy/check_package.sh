@@ -89,7 +89,7 @@ if ((failed)); then exit 1; fi
 # PATH without the build tree: strait-bench must find the unpacked straitd next to itself.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 bin=$root/usr/bin
-"$bin/straitd" --check-config "$root/usr/share/strait/examples/straitd.toml"
+"$bin/straitd" --syntax-only --check-config "$root/usr/share/strait/examples/straitd.toml"
 "$bin/strait-certs" ca --dir "$work/pki" >/dev/null
 "$bin/strait-certs" gateway --dir "$work/pki" --region us-east >/dev/null
 echo "== strait-bench codec (unpacked) =="

@@ -21,17 +21,17 @@ TEST(Metrics, ExactTextForASmallRegistry) {
   r.Add("strait_requests_total", {{"kind", "abort"}}, 1);
   r.Set("strait_peer_up", {{"peer", "eu"}}, 1);
   r.Set("strait_peer_up", {{"peer", "ap"}}, 0);
-  r.Observe("strait_latency_seconds", {{"job", "j"}}, 0.0625);
-  r.Observe("strait_latency_seconds", {{"job", "j"}}, 0.5);
-  r.Observe("strait_latency_seconds", {{"job", "j"}}, 3);
+  r.Observe("strait_latency_seconds", {{"strait_job", "j"}}, 0.0625);
+  r.Observe("strait_latency_seconds", {{"strait_job", "j"}}, 0.5);
+  r.Observe("strait_latency_seconds", {{"strait_job", "j"}}, 3);
   EXPECT_EQ(r.Text(),
             "# HELP strait_latency_seconds Latency.\n"
             "# TYPE strait_latency_seconds histogram\n"
-            "strait_latency_seconds_bucket{job=\"j\",le=\"0.1\"} 1\n"
-            "strait_latency_seconds_bucket{job=\"j\",le=\"1\"} 2\n"
-            "strait_latency_seconds_bucket{job=\"j\",le=\"+Inf\"} 3\n"
-            "strait_latency_seconds_sum{job=\"j\"} 3.5625\n"
-            "strait_latency_seconds_count{job=\"j\"} 3\n"
+            "strait_latency_seconds_bucket{strait_job=\"j\",le=\"0.1\"} 1\n"
+            "strait_latency_seconds_bucket{strait_job=\"j\",le=\"1\"} 2\n"
+            "strait_latency_seconds_bucket{strait_job=\"j\",le=\"+Inf\"} 3\n"
+            "strait_latency_seconds_sum{strait_job=\"j\"} 3.5625\n"
+            "strait_latency_seconds_count{strait_job=\"j\"} 3\n"
             "# HELP strait_peer_up 1 when the link is up.\n"
             "# TYPE strait_peer_up gauge\n"
             "strait_peer_up{peer=\"ap\"} 0\n"
@@ -60,8 +60,9 @@ TEST(Metrics, LabelValuesAndHelpAreEscaped) {
   EXPECT_EQ(EscapeHelp("line \"one\"\nback\\slash"), "line \"one\"\\nback\\\\slash");
   MetricsRegistry r;
   r.Declare("strait_y_total", MetricType::kCounter, "Y.");
-  r.Add("strait_y_total", {{"job", "we\"ird\\job\n"}}, 1);
-  EXPECT_NE(r.Text().find("strait_y_total{job=\"we\\\"ird\\\\job\\n\"} 1\n"), std::string::npos)
+  r.Add("strait_y_total", {{"strait_job", "we\"ird\\job\n"}}, 1);
+  EXPECT_NE(r.Text().find("strait_y_total{strait_job=\"we\\\"ird\\\\job\\n\"} 1\n"),
+            std::string::npos)
       << r.Text();
 }
 
@@ -83,6 +84,19 @@ TEST(Metrics, MisuseIsAProgrammerError) {
   EXPECT_THROW(r.Add("strait_undeclared", {}, 1), std::logic_error);
   EXPECT_THROW(r.Declare("strait_c_total", MetricType::kGauge, "C."), std::logic_error);
   r.Declare("strait_c_total", MetricType::kCounter, "C.");  // same type: fine
+}
+
+// Prometheus renames a series' own `job` / `instance` to `exported_job` / `exported_instance`,
+// so dashboards written against the documented name would find nothing (issue 17).
+TEST(Metrics, PrometheusTargetLabelNamesAreRefused) {
+  MetricsRegistry r;
+  r.Declare("strait_c_total", MetricType::kCounter, "C.");
+  r.Declare("strait_h_seconds", MetricType::kHistogram, "H.", {1});
+  EXPECT_THROW(r.Add("strait_c_total", {{"job", "j"}}, 1), std::logic_error);
+  EXPECT_THROW(r.Set("strait_c_total", {{"code", "x"}, {"instance", "i"}}, 1), std::logic_error);
+  EXPECT_THROW(r.Observe("strait_h_seconds", {{"job", "j"}}, 1), std::logic_error);
+  r.Add("strait_c_total", {{"strait_job", "j"}}, 1);
+  EXPECT_EQ(r.Value("strait_c_total", {{"strait_job", "j"}}), 1);
 }
 
 }  // namespace

@@ -332,16 +332,22 @@ TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
   EXPECT_GE(Sample(text, "strait_peer_rtt_smoothed_seconds{peer=\"us\"}").value_or(0),
             Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(1));
   EXPECT_GT(Sample(text, "strait_peer_sent_bytes_total{peer=\"us\"}").value_or(0), 0);
-  EXPECT_EQ(Sample(text, "strait_allreduces_total{job=\"jm\"}"), 1.0);
-  EXPECT_EQ(Sample(text, "strait_allreduce_duration_seconds_count{job=\"jm\"}"), 1.0);
-  EXPECT_EQ(Sample(text, "strait_allreduce_duration_seconds_bucket{job=\"jm\",le=\"+Inf\"}"), 1.0);
-  EXPECT_EQ(Sample(text, "strait_allreduce_raw_bytes_total{job=\"jm\"}"), kCount * 4.0);
-  const double sent = Sample(text, "strait_allreduce_wan_sent_bytes_total{job=\"jm\"}").value_or(0);
+  EXPECT_EQ(Sample(text, "strait_allreduces_total{strait_job=\"jm\"}"), 1.0);
+  EXPECT_EQ(Sample(text, "strait_allreduce_duration_seconds_count{strait_job=\"jm\"}"), 1.0);
+  EXPECT_EQ(
+      Sample(text, "strait_allreduce_duration_seconds_bucket{strait_job=\"jm\",le=\"+Inf\"}"),
+      1.0);
+  EXPECT_EQ(Sample(text, "strait_allreduce_raw_bytes_total{strait_job=\"jm\"}"), kCount * 4.0);
+  const double sent =
+      Sample(text, "strait_allreduce_wan_sent_bytes_total{strait_job=\"jm\"}").value_or(0);
   EXPECT_GT(sent, 0);
   EXPECT_LT(sent, kCount * 4.0 / 10);  // constant data: zstd shrinks it by far more than 10x
-  EXPECT_GT(Sample(text, "strait_compression_ratio{job=\"jm\"}").value_or(0), 10);
+  EXPECT_GT(Sample(text, "strait_compression_ratio{strait_job=\"jm\"}").value_or(0), 10);
   EXPECT_EQ(Sample(text, "strait_errors_total{kind=\"bad_request\"}"), 0.0);
   EXPECT_NE(text.find("strait_build_info{version=\""), std::string::npos);
+  // No series carries Prometheus' own target labels (scraped as exported_job otherwise).
+  EXPECT_EQ(text.find("{job="), std::string::npos) << text;
+  EXPECT_EQ(text.find(",job="), std::string::npos) << text;
 
   // SIGHUP with unchanged files reloads; with a bad key the old identity stays. Neither drops
   // the link: same streams, no stream failure, still ready, and all-reduces still work.

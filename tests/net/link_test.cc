@@ -389,6 +389,37 @@ TEST_F(NetLink, CertificateFromAnotherCaIsRefused) {
   EXPECT_TRUE((*link)->Estimates().unreachable);
 }
 
+// Issue 17: a refused peer retrying with backoff was logged at WARN on every retry. The first
+// refusal from an address warns; the retries within the interval (10 s) only count.
+TEST_F(NetLink, RefusedPeerRetryingIsWarnedOnceNotPerRetry) {
+  Server server;
+  ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
+  std::mutex mu;
+  int warnings = 0;
+  SetLogSink([&](LogLevel level, std::string_view, std::string_view message) {
+    if (level <= LogLevel::kWarn && message.find("refused stream") != std::string_view::npos) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++warnings;
+    }
+  });
+  EndpointOptions rogue = Options("eu", rogue_eu_, {"us"});
+  rogue.ca_file = us_.ca;
+  rogue.link.streams = 1;
+  rogue.link.redial_initial_ns = 10'000'000;
+  rogue.link.redial_max_ns = 20'000'000;
+  rogue.link.unreachable_after_ns = 30'000'000'000;
+  auto client = Endpoint::Create(rogue, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
+  ASSERT_TRUE(link.ok());
+  EXPECT_TRUE(
+      Eventually([&] { return server.endpoint->Counters().tls_handshake_failures >= 8; }, 10));
+  client->reset();
+  SetLogSink(nullptr);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(warnings, 1);
+}
+
 TEST_F(NetLink, UnknownRegionIsRefusedAndGoodPeersAreUnharmed) {
   Server server;
   ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());

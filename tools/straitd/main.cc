@@ -4,6 +4,13 @@
 //
 //   straitd --config /etc/strait/straitd.toml
 //   straitd --check-config /etc/strait/straitd.toml   # "config OK: ..." and 0, or the error and 2
+//   straitd --syntax-only --check-config FILE         # the text only (where the TLS files are not)
+//   straitd --version                                 # "straitd 0.1.0 (git ...)"
+//
+// --check-config checks what a start would: the text (gateway/config.h), then the TLS files and
+// the kernel's congestion control (gateway/config_check.h); warnings (a private key others may
+// read) go to stderr and do not fail it. A start runs the same checks first. Bad flags exit 2,
+// as on every Strait tool (tools/cli/cli.h).
 //
 // Under systemd (Type=notify, deploy/systemd/straitd.service) it reports READY=1 once its
 // sockets are bound and STOPPING=1 when a stop signal arrives, through $NOTIFY_SOCKET.
@@ -17,14 +24,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "gateway/config.h"
+#include "gateway/config_check.h"
 #include "gateway/gateway.h"
 #include "net/socket_options.h"
+#include "tools/cli/cli.h"
 
 namespace {
 
@@ -55,58 +67,90 @@ void NotifySystemd(const std::string& state) {
   if (fd >= 0) ::close(fd);
 }
 
+// The config at `file`, checked as --check-config and a start both need: its text, then what it
+// refers to. Prints the error ("config error: ...") and returns nullopt when it cannot start.
+// Warnings ("config warning: ...") go to stderr for --check-config and to the log (whose format
+// the operator chose) at a start. `syntax_only` skips the second half.
+std::optional<strait::gateway::GatewayConfig> LoadCheckedConfig(const std::string& file,
+                                                                bool log_warnings,
+                                                                bool syntax_only = false) {
+  auto config = strait::gateway::LoadConfig(file);
+  if (!config.ok()) {
+    std::fprintf(stderr, "config error: %s\n", config.status().message().c_str());
+    return std::nullopt;
+  }
+  if (syntax_only) return std::move(config).value();
+  std::vector<std::string> warnings;
+  if (strait::Status s = strait::gateway::CheckConfigEnvironment(*config, &warnings); !s.ok()) {
+    std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+    return std::nullopt;
+  }
+  for (const std::string& w : warnings) {
+    if (log_warnings) {
+      STRAIT_LOG(kWarn, "straitd") << "config warning: " << w;
+    } else {
+      std::fprintf(stderr, "config warning: %s\n", w.c_str());
+    }
+  }
+  return std::move(config).value();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"straitd: Strait region gateway"};
+  strait::cli::AddVersionFlag(app, "straitd");
   std::string config_file, check_file, log_level, log_format;
   app.add_option("--config", config_file, "gateway config file (TOML)");
-  app.add_option("--check-config", check_file, "validate a config file and exit");
+  bool syntax_only = false;
+  CLI::Option* check = app.add_option(
+      "--check-config", check_file,
+      "validate a config file and the TLS files and kernel features it names, then exit");
+  app.add_flag("--syntax-only", syntax_only,
+               "with --check-config: check the file's text only, not the files it names (CI, "
+               "or an init container before the TLS Secret is mounted)")
+      ->needs(check);
   app.add_option("--log-level", log_level, "error, warn, info, debug, trace");
   app.add_option("--log-format", log_format,
                  "text (default) or json (one object per line: ts, level, subsystem, msg)");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = strait::cli::Parse(app, argc, argv, "straitd")) return *done;
 
   if (!check_file.empty()) {
-    auto config = strait::gateway::LoadConfig(check_file);
-    if (!config.ok()) {
-      std::fprintf(stderr, "config error: %s\n", config.status().message().c_str());
-      return 2;
-    }
+    const std::optional<strait::gateway::GatewayConfig> config =
+        LoadCheckedConfig(check_file, /*log_warnings=*/false, syntax_only);
+    if (!config) return strait::kExitUsage;
     std::printf("config OK: %s\n", config->Summary().c_str());
     return 0;
   }
   if (config_file.empty()) {
     std::fprintf(stderr, "straitd: --config FILE is required (or --check-config FILE)\n");
-    return 2;
+    return strait::kExitUsage;
   }
   if (!log_level.empty()) {
     auto level = strait::ParseLogLevel(log_level);
     if (!level.ok()) {
       std::fprintf(stderr, "straitd: --log-level: %s\n", level.status().message().c_str());
-      return 2;
+      return strait::kExitUsage;
     }
     strait::SetLogLevel(*level);
   } else if (strait::Status s = strait::InitLogLevelFromEnv(); !s.ok()) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
-    return 2;
+    return strait::kExitUsage;
   }
   if (!log_format.empty()) {
     auto format = strait::ParseLogFormat(log_format);
     if (!format.ok()) {
       std::fprintf(stderr, "straitd: --log-format: %s\n", format.status().message().c_str());
-      return 2;
+      return strait::kExitUsage;
     }
     strait::SetLogFormat(*format);
   } else if (strait::Status s = strait::InitLogFormatFromEnv(); !s.ok()) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
-    return 2;
+    return strait::kExitUsage;
   }
-  auto config = strait::gateway::LoadConfig(config_file);
-  if (!config.ok()) {
-    std::fprintf(stderr, "config error: %s\n", config.status().message().c_str());
-    return 2;
-  }
+  const std::optional<strait::gateway::GatewayConfig> config =
+      LoadCheckedConfig(config_file, /*log_warnings=*/true);
+  if (!config) return strait::kExitUsage;
 
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t stop_signals;
