@@ -1,23 +1,19 @@
 // CollNet over straitd's region all-reduce (see collnet.h). The local protocol is
 // strait::localproto's (lib/localproto/protocol.h), which the plugin links instead of the gateway
 // module.
+//
+// This file holds the comms, requests and worker threads and the C boundary of the CollNet
+// tables; collnet_gateway.h the connection to straitd; collnet_handle.cc the handle and group
+// rules.
 #include "plugins/nccl/collnet.h"
-
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -27,11 +23,8 @@
 #include <utility>
 
 #include "common/clock.h"
-#include "common/endian.h"
-#include "localproto/frame_io.h"
-#include "localproto/policy_grammar.h"
-#include "localproto/protocol.h"
 #include "plugins/nccl/api.h"
+#include "plugins/nccl/collnet_gateway.h"
 #include "plugins/nccl/config.h"
 #include "plugins/nccl/transport.h"
 #include "strait/types.h"
@@ -39,39 +32,13 @@
 namespace strait::nccl {
 namespace {
 
-uint32_t Fnv1a32(const uint8_t* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 16777619u;
-  }
-  return h;
-}
-
-// splitmix64's finaliser: the comm id must be the same on every node head, whatever its build.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::string Hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
 
-// Handle layout (collnet.h).
-constexpr size_t kHandleRegionOffset = 32;
-constexpr size_t kHandleRegionMax = 63;
-constexpr size_t kHandlePolicyOffset = 96;
-constexpr size_t kHandlePolicyMax = 27;
-constexpr size_t kHandleChecksumOffset = 124;
-static_assert(localproto::kMaxCanonicalPolicyBytes <= kHandlePolicyMax);
-static_assert(kHandleChecksumOffset + 4 <= size_t{kNcclNetHandleMaxSize});
-
-// ---- the local straitd (localproto/protocol.h) ------------------------------------------------
+// ---- how long CollNet waits for straitd ---------------------------------------------------------
 
 constexpr int64_t kNanosPerMs = 1'000'000;
 // A region all-reduce is bounded by the gateway's allreduce.deadline (timeout_ms 0 asks for it);
@@ -79,157 +46,6 @@ constexpr int64_t kNanosPerMs = 1'000'000;
 constexpr double kOperationWatchdogSeconds = 3600;
 // Local round trips of listen (hello, register-job, tunnel-listen): milliseconds normally.
 constexpr double kLocalCallSeconds = 10;
-
-using localproto::Message;
-using localproto::MessageType;
-
-// A blocking connection to the local straitd: localproto's frame I/O, where every wait is bounded
-// by a deadline and Shutdown() from another thread ends any wait at once.
-class GatewayConnection {
- public:
-  static StatusOr<std::unique_ptr<GatewayConnection>> Open(const std::string& path,
-                                                           Deadline deadline) {
-    // No waiting for a gateway that is not there: NCCL falls back to its own all-reduce at once.
-    StatusOr<int> fd = localproto::Dial(path, deadline, "nccl-collnet", /*wait_for_gateway=*/false);
-    if (!fd.ok()) {
-      if (fd.status().code() != StatusCode::kUnavailable) return fd.status();
-      return UnavailableError("cannot reach straitd at STRAIT_GATEWAY=\"" + path +
-                              "\": " + fd.status().message() +
-                              "; start the node's straitd or fix STRAIT_GATEWAY");
-    }
-    return std::unique_ptr<GatewayConnection>(new GatewayConnection(*fd, path));
-  }
-
-  ~GatewayConnection() { ::close(fd_); }
-  GatewayConnection(const GatewayConnection&) = delete;
-  GatewayConnection& operator=(const GatewayConnection&) = delete;
-
-  // Wakes every wait of this connection (they fail); the fd stays open until destruction.
-  void Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
-
-  // Returns the policy the gateway resolved.
-  StatusOr<std::string> RegisterJob(const std::string& job, const std::string& policy,
-                                    Deadline deadline) {
-    Message m = Request(MessageType::kRegisterJob);
-    m.job = job;
-    m.policy = policy;
-    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, deadline));
-    return reply.text;
-  }
-
-  // Which region and shard index the gateway serves, from a tunnel listen's kListening event
-  // (the documented way to learn them). The connection belongs to the listen afterwards: close it.
-  Status ProbeRegionAndShard(Deadline deadline, std::string* region, uint32_t* shard) {
-    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(Request(MessageType::kTunnelListen), deadline));
-    StatusOr<localproto::TunnelEvent> event = localproto::DecodeTunnelEvent(reply.data);
-    if (!event.ok() || event->kind != localproto::TunnelEventKind::kListening) {
-      const std::string why = event.ok() ? std::string() : ": " + event.status().ToString();
-      return DataLossError("straitd at " + path_ +
-                           " answered the tunnel listen with an event that is not a listening "
-                           "event" + why);
-    }
-    *shard = event->shard;
-    *region = event->region;
-    return Status::Ok();
-  }
-
-  // Joins the next generation of (job, scope) with the other regions' gateways (kJoinJob):
-  // the comm's operations are numbered within it.
-  StatusOr<uint64_t> JoinJob(const std::string& job, uint64_t scope, uint32_t timeout_ms,
-                             Deadline deadline) {
-    Message m = Request(MessageType::kJoinJob);
-    m.job = job;
-    m.scope = scope;
-    m.timeout_ms = timeout_ms;
-    m.resume = 0;  // unknown (NCCL does not tell the plugin which steps it completed)
-    STRAIT_ASSIGN_OR_RETURN(Message reply, Call(m, deadline));
-    if (reply.data.size() != 8 || GetLe(reply.data.data(), 8) == 0) {
-      return DataLossError("straitd at " + path_ + " answered join-job without a generation");
-    }
-    return GetLe(reply.data.data(), 8);
-  }
-
-  // The identity of one region all-reduce (localproto/protocol.h, "Operation identity").
-  struct Identity {
-    uint64_t generation = 0;
-    uint64_t sequence = 0;
-    uint64_t scope = 0;
-  };
-
-  // One region all-reduce: `count` elements from `send` into `recv` (may be the same buffer).
-  // The tensor goes out straight from `send` and the result comes back straight into `recv`.
-  Status RegionAllReduce(const std::string& job, const std::string& key, DataType dtype,
-                         ReduceOp op, const void* send, void* recv, size_t count,
-                         uint32_t timeout_ms, const Identity& id, Deadline deadline) {
-    const size_t bytes = count * DataTypeSize(dtype);
-    Message m = Request(MessageType::kRegionAllReduce);
-    m.job = job;
-    m.tensor_key = key;
-    m.dtype = dtype;
-    m.op = op;
-    m.count = count;
-    m.timeout_ms = timeout_ms;
-    m.generation = id.generation;
-    m.sequence = id.sequence;
-    m.scope = id.scope;
-    StatusOr<std::vector<uint8_t>> head = localproto::EncodeMessageHead(m, bytes);
-    if (!head.ok()) return head.status();
-    Status s = localproto::WriteAll(fd_, *head, deadline);
-    if (s.ok() && bytes > 0) {
-      s = localproto::WriteAll(fd_, std::span(static_cast<const uint8_t*>(send), bytes), deadline);
-    }
-    if (!s.ok()) return Lost(s);
-    size_t data_size = 0;
-    StatusOr<Message> reply = localproto::ReadReplyHead(fd_, m.type, deadline, &data_size);
-    if (!reply.ok()) return Lost(reply.status());
-    if (reply->code == StatusCode::kOk && data_size != bytes) {
-      return DataLossError("straitd at " + path_ + " returned " + std::to_string(data_size) +
-                           " bytes for a " + std::to_string(bytes) + "-byte all-reduce");
-    }
-    if (reply->code != StatusCode::kOk && data_size > localproto::kMaxControlBodyBytes) {
-      return DataLossError("straitd at " + path_ + " sent an error reply with " +
-                           std::to_string(data_size) + " data bytes");
-    }
-    // An error reply's data (the refusal marker) is read and dropped: the step failed either way.
-    std::vector<uint8_t> dropped(reply->code == StatusCode::kOk ? 0 : data_size);
-    const std::span<uint8_t> into = reply->code == StatusCode::kOk
-                                        ? std::span(static_cast<uint8_t*>(recv), bytes)
-                                        : std::span<uint8_t>(dropped);
-    if (Status r = localproto::ReadFrameBytes(fd_, into, deadline); !r.ok()) return Lost(r);
-    return Answer(*reply);
-  }
-
- private:
-  GatewayConnection(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-
-  static Message Request(MessageType type) {
-    Message m;
-    m.type = type;
-    return m;
-  }
-
-  Status Lost(const Status& why) const {
-    return why.WithContext("connection to straitd at " + path_);
-  }
-
-  // The gateway's answer as a Status (its code and message).
-  Status Answer(const Message& reply) const {
-    if (reply.code == StatusCode::kOk) return Status::Ok();
-    return Status(reply.code, "straitd at " + path_ + ": " + reply.text);
-  }
-
-  // One request without bulk data and its whole reply; the gateway's error as the Status.
-  StatusOr<Message> Call(const Message& request, Deadline deadline) {
-    if (Status s = localproto::WriteMessage(fd_, request, deadline); !s.ok()) return Lost(s);
-    StatusOr<Message> reply = localproto::ReadReply(fd_, request.type, deadline);
-    if (!reply.ok()) return Lost(reply.status());
-    STRAIT_RETURN_IF_ERROR(Answer(*reply));
-    return reply;
-  }
-
-  const int fd_;
-  const std::string path_;
-};
 
 // ---- comms and requests -------------------------------------------------------------------------
 
@@ -406,7 +222,7 @@ Status DoListen(int dev, void* handle, void** listen_comm) {
                                 cfg.gateway + " serves region \"" + region +
                                 "\"; point STRAIT_GATEWAY at this node's straitd");
   }
-  if (region.empty() || region.size() > kHandleRegionMax) {
+  if (region.empty() || region.size() > kCollNetRegionMax) {
     return DataLossError("straitd at " + cfg.gateway + " reported a region name of " +
                          std::to_string(region.size()) + " bytes");
   }
@@ -612,141 +428,6 @@ ncclResult_t Guard(const char* call, F&& fn) {
 }
 
 }  // namespace
-
-// ---- handle, group plan, support ----------------------------------------------------------------
-
-void EncodeCollNetHandle(const CollNetHandle& h, void* out) {
-  uint8_t* p = static_cast<uint8_t*>(out);
-  std::memset(p, 0, kNcclNetHandleMaxSize);
-  const size_t region_len = std::min(h.region.size(), kHandleRegionMax);
-  const size_t policy_len = std::min(h.policy.size(), kHandlePolicyMax);
-  PutLe(p + 0, kCollNetHandleMagic, 4);
-  PutLe(p + 4, kCollNetHandleVersion, 2);
-  p[6] = static_cast<uint8_t>(region_len);
-  p[7] = static_cast<uint8_t>(policy_len);
-  PutLe(p + 8, h.nonce, 8);
-  PutLe(p + 16, h.shard, 4);
-  PutLe(p + 24, h.job_hash, 8);
-  std::memcpy(p + kHandleRegionOffset, h.region.data(), region_len);
-  std::memcpy(p + kHandlePolicyOffset, h.policy.data(), policy_len);
-  PutLe(p + kHandleChecksumOffset, Fnv1a32(p, kHandleChecksumOffset), 4);
-}
-
-StatusOr<CollNetHandle> DecodeCollNetHandle(const void* in) {
-  const uint8_t* p = static_cast<const uint8_t*>(in);
-  if (GetLe(p, 4) != kCollNetHandleMagic) {
-    return InvalidArgumentError("not a Strait CollNet handle (bad magic)");
-  }
-  const uint64_t version = GetLe(p + 4, 2);
-  if (version != kCollNetHandleVersion) {
-    return InvalidArgumentError("CollNet handle version " + std::to_string(version) +
-                                " is not supported (this plugin speaks " +
-                                std::to_string(kCollNetHandleVersion) +
-                                "); run the same plugin version on every node");
-  }
-  if (GetLe(p + kHandleChecksumOffset, 4) != Fnv1a32(p, kHandleChecksumOffset)) {
-    return InvalidArgumentError("CollNet handle checksum mismatch (corrupted handle)");
-  }
-  const size_t region_len = p[6];
-  const size_t policy_len = p[7];
-  if (region_len == 0 || region_len > kHandleRegionMax ||
-      p[kHandleRegionOffset + region_len] != 0 || policy_len == 0 ||
-      policy_len > kHandlePolicyMax || GetLe(p + 20, 4) != 0) {
-    return InvalidArgumentError("CollNet handle has a bad region, policy or reserved field");
-  }
-  CollNetHandle h;
-  h.nonce = GetLe(p + 8, 8);
-  h.shard = static_cast<uint32_t>(GetLe(p + 16, 4));
-  h.job_hash = GetLe(p + 24, 8);
-  h.region.assign(reinterpret_cast<const char*>(p + kHandleRegionOffset), region_len);
-  h.policy.assign(reinterpret_cast<const char*>(p + kHandlePolicyOffset), policy_len);
-  // Only canonical text compares equal across heads exactly when the policies are the same.
-  StatusOr<localproto::PolicyRequest> request = localproto::ParsePolicyRequest(h.policy);
-  if (!request.ok() || localproto::FormatPolicyRequest(*request) != h.policy) {
-    return InvalidArgumentError("CollNet handle carries a policy that is not canonical text");
-  }
-  return h;
-}
-
-uint64_t CollNetJobHash(std::string_view job) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : job) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-StatusOr<std::string> CollNetPolicy(std::string_view compression) {
-  StatusOr<localproto::PolicyRequest> request = localproto::ParsePolicyRequest(compression);
-  if (!request.ok()) {
-    return InvalidArgumentError("STRAIT_COMPRESSION=\"" + std::string(compression) +
-                                "\" is invalid: " + request.status().message());
-  }
-  if (localproto::MayGoLossy(*request)) request->error_feedback = false;
-  return localproto::FormatPolicyRequest(*request);
-}
-
-StatusOr<CollNetGroup> PlanCollNetGroup(const std::vector<CollNetHandle>& handles) {
-  if (handles.empty()) return InvalidArgumentError("a CollNet group needs at least one node head");
-  const CollNetHandle& first = handles[0];
-  std::map<std::string, std::vector<std::pair<uint32_t, size_t>>> by_region;  // shard, head
-  std::set<uint64_t> nonces;
-  for (size_t i = 0; i < handles.size(); ++i) {
-    const CollNetHandle& h = handles[i];
-    if (h.job_hash != first.job_hash) {
-      return InvalidArgumentError("node heads 0 and " + std::to_string(i) +
-                                  " have different STRAIT_JOB_ID values; every rank of a job "
-                                  "must set the same STRAIT_JOB_ID");
-    }
-    if (h.policy != first.policy) {
-      return InvalidArgumentError("node head 0 has STRAIT_COMPRESSION=" + first.policy +
-                                  " but node head " + std::to_string(i) + " has " + h.policy +
-                                  "; every rank of a job must set the same STRAIT_COMPRESSION");
-    }
-    if (!nonces.insert(h.nonce).second) {
-      return InvalidArgumentError("node heads share a listen handle (head " + std::to_string(i) +
-                                  " repeats an earlier one)");
-    }
-    by_region[h.region].emplace_back(h.shard, i);
-  }
-  const size_t m = by_region.begin()->second.size();
-  for (auto& [region, heads] : by_region) {
-    if (heads.size() != m) {
-      return InvalidArgumentError(
-          "region \"" + by_region.begin()->first + "\" has " + std::to_string(m) +
-          " node heads but region \"" + region + "\" has " + std::to_string(heads.size()) +
-          "; CollNet needs the same number of node heads in every region, one per straitd "
-          "of that region ([peers.<region>] shard_0..shard_<m-1>)");
-    }
-    std::sort(heads.begin(), heads.end());
-    for (size_t j = 0; j < heads.size(); ++j) {
-      if (heads[j].first != j) {
-        std::string list;
-        for (const auto& [shard, head] : heads) {
-          list += (list.empty() ? "" : ", ") + std::string("head ") + std::to_string(head) +
-                  " -> shard " + std::to_string(shard);
-        }
-        return InvalidArgumentError(
-            "the node heads of region \"" + region + "\" are on straitd shards {" + list +
-            "}; each node head must use its own straitd (STRAIT_GATEWAY), together shard "
-            "indices 0.." +
-            std::to_string(m - 1));
-      }
-    }
-  }
-  CollNetGroup g;
-  uint64_t id = 0x5354434e;  // "STCN"
-  for (const CollNetHandle& h : handles) id = Mix(id ^ h.nonce);
-  g.comm_id = id;
-  g.regions = static_cast<int>(by_region.size());
-  g.heads_per_region = static_cast<int>(m);
-  return g;
-}
-
-bool CollNetReduceSupported(int dtype, int op) {
-  return dtype >= 0 && dtype < kNumDataTypes && op >= 0 && op <= 3;  // sum, prod, max, min
-}
 
 // ---- the C boundary -----------------------------------------------------------------------------
 

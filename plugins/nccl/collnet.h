@@ -72,6 +72,7 @@ inline constexpr size_t kCollNetPieceBytes = 16u << 20;
 // handle is refused, naming both versions.
 inline constexpr uint32_t kCollNetHandleMagic = 0x4E435453;  // "STCN"
 inline constexpr uint16_t kCollNetHandleVersion = 2;
+inline constexpr size_t kCollNetRegionMax = 63;  // bytes of a region name a handle carries
 struct CollNetHandle {
   uint64_t nonce = 0;
   uint32_t shard = 0;
