@@ -45,9 +45,8 @@ struct HttpResult {
   std::string body;
 };
 
-// One GET over a fresh connection; every wait bounded.
-HttpResult Get(uint16_t port, const std::string& path) {
-  HttpResult result;
+// Dials the loopback port; -1 when refused.
+int Dial(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -55,8 +54,16 @@ HttpResult Get(uint16_t port, const std::string& path) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     ::close(fd);
-    return result;
+    return -1;
   }
+  return fd;
+}
+
+// One GET over a fresh connection; every wait bounded.
+HttpResult Get(uint16_t port, const std::string& path) {
+  HttpResult result;
+  const int fd = Dial(port);
+  if (fd < 0) return result;
   const std::string req = "GET " + path + " HTTP/1.1\r\nHost: test\r\n\r\n";
   (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string out;
@@ -176,19 +183,6 @@ class StraitdMetrics : public ::testing::Test {
   std::vector<pid_t> pids_;
 };
 
-// Dials the loopback port; -1 when refused.
-int Dial(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // The liveness probe against a straitd whose metrics port 500 idle clients and 50 slow senders
 // hold (one idle client used to delay /healthz by 4.8 s, twenty by 85 s: kubelet would have
