@@ -45,6 +45,10 @@ class Emulator {
   std::string NamespaceOf(int region) const { return NamespaceName(options_.name, region); }
   std::vector<std::string> Namespaces() const;
   RouterStats Stats() const { return router_->Snapshot(); }
+  // Changes one directed link while traffic runs (Router::SetLink).
+  Status SetLink(int src, int dst, const LinkParams& params) {
+    return router_->SetLink(src, dst, params);
+  }
   // The error that stopped the router early, or OK while it runs.
   Status RouterStatus() const;
 

@@ -153,6 +153,16 @@ void Router::Publish() {
   published_ = std::move(s);
 }
 
+Status Router::SetLink(int src, int dst, const LinkParams& params) {
+  if (src < 0 || dst < 0 || src >= regions_ || dst >= regions_ || src == dst) {
+    return InvalidArgumentError("no link " + std::to_string(src) + ">" + std::to_string(dst) +
+                                " among " + std::to_string(regions_) + " regions");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.push_back(ScheduleEvent{0, src, dst, params});
+  return Status::Ok();
+}
+
 RouterStats Router::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return published_;
@@ -173,6 +183,16 @@ Status Router::Run() {
       STRAIT_LOG(kInfo, "wanem") << "schedule t=" << FormatDuration(e.at_ns) << " " << e.src
                                  << ">" << e.dst << ": " << e.params.ToString();
       ++next_event_;
+    }
+    std::vector<ScheduleEvent> changes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      changes.swap(pending_);
+    }
+    for (const ScheduleEvent& e : changes) {
+      links_[size_t(e.src) * regions_ + e.dst]->SetParams(e.params, now);
+      STRAIT_LOG(kInfo, "wanem") << "set " << e.src << ">" << e.dst << ": "
+                                 << e.params.ToString();
     }
     Release(now);
     int64_t next = INT64_MAX;

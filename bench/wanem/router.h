@@ -47,6 +47,10 @@ class Router {
   Status Run();
   void Stop() noexcept;
   RouterStats Snapshot() const;
+  // Changes the (src, dst) link now (a test degrading a link mid-run; a schedule is the way for
+  // planned changes). Thread-safe; applied by the routing thread before its next packet.
+  // kInvalidArgument for a pair out of range or src == dst.
+  Status SetLink(int src, int dst, const LinkParams& params);
 
  private:
   explicit Router(RouterOptions options);
@@ -69,6 +73,7 @@ class Router {
 
   mutable std::mutex mu_;
   RouterStats published_;
+  std::vector<ScheduleEvent> pending_;  // from SetLink, under mu_
 };
 
 }  // namespace strait::wanem

@@ -169,6 +169,7 @@ Status OwnerLoop(OpContext& ctx) {
     if (it == codecs.end()) codecs.push_back(c);
   }
   std::vector<std::vector<uint8_t>> results;
+  std::vector<int64_t> arrivals(static_cast<size_t>(ctx.world), 0);
   for (size_t k = 0; k < chunks; ++k) {
     const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
     if (ctx.float_path) {
@@ -178,12 +179,14 @@ Status OwnerLoop(OpContext& ctx) {
     }
     // Fixed rank order: the sum does not depend on which frame arrived first.
     for (int r = 0; r < ctx.world; ++r) {
+      int64_t* arrived = r == owner ? nullptr : &arrivals[static_cast<size_t>(r)];
       STRAIT_RETURN_IF_ERROR(
           internal::RecvFrame(ctx, r, MakeTag(ctx.request->op_id, TagPhase::kMeshScatter, chunk.id),
-                              "reduce-scatter", chunk, &frame));
+                              "reduce-scatter", chunk, &frame, arrived));
       STRAIT_RETURN_IF_ERROR(
           internal::AccumulateFrame(ctx, w, frame, chunk, r == 0, facc.data(), tacc.data()));
     }
+    internal::AddLateness(ctx, arrivals);
     STRAIT_RETURN_IF_ERROR(internal::EncodeResults(ctx, w, chunk, facc.data(), tacc.data(),
                                                    codecs, &results));
     const uint64_t tag = MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id);
@@ -217,16 +220,19 @@ Status SenderLoop(OpContext& ctx) {
       frame = {};
     }
   }
+  std::vector<int64_t> arrivals(static_cast<size_t>(n), 0);
   for (size_t k = 0; k < rounds; ++k) {
+    std::fill(arrivals.begin(), arrivals.end(), 0);
     for (int j = 1; j < n; ++j) {
       const int owner = (ctx.rank + j) % n;
       if (k >= ctx.plan.ChunkCount(owner)) continue;
       const Chunk& chunk = ctx.plan.ChunkOf(owner, k);
       STRAIT_RETURN_IF_ERROR(internal::RecvFrame(
           ctx, owner, MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id), "all-gather",
-          chunk, &frame));
+          chunk, &frame, &arrivals[static_cast<size_t>(owner)]));
       STRAIT_RETURN_IF_ERROR(internal::DecodeResult(ctx, w, frame, chunk));
     }
+    internal::AddLateness(ctx, arrivals);
   }
   return Status::Ok();
 }
@@ -318,6 +324,8 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
         request.feedback->Residual(request.job, request.tensor_key + ":own", request.count);
   }
   if (stats != nullptr) {
+    ctx.peer_wait_ns = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(ctx.world));
+    ctx.peer_late_ns = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(ctx.world));
     *stats = AllReduceStats{};
     stats->algorithm = ctx.plan.algorithm;
     stats->chunks = ctx.plan.chunks.size();
@@ -366,6 +374,12 @@ Status AllReduce(Transport& transport, const AllReduceRequest& request, AllReduc
     stats->decode_ns = ctx.decode_ns.load();
     stats->wait_ns = ctx.wait_ns.load();
     stats->ack_wait_ns = ack_wait_ns;
+    stats->peer_wait_ns.resize(static_cast<size_t>(ctx.world));
+    stats->peer_late_ns.resize(static_cast<size_t>(ctx.world));
+    for (size_t p = 0; p < stats->peer_wait_ns.size(); ++p) {
+      stats->peer_wait_ns[p] = ctx.peer_wait_ns[p].load();
+      stats->peer_late_ns[p] = ctx.peer_late_ns[p].load();
+    }
   }
   return status.WithContext(what);
 }

@@ -154,6 +154,16 @@ struct AllReduceStats {
   int64_t decode_ns = 0;
   int64_t wait_ns = 0;
   int64_t ack_wait_ns = 0;
+  // wait_ns split by the rank waited for (index = rank; this rank's own entry is the time its
+  // frames to itself took, near 0). Frames are taken in a fixed rank order, so a rank whose
+  // frames come late collects the wait and the ranks after it find theirs already there: a
+  // persistently large entry names a slow peer or link (gateway/straggler.h).
+  std::vector<int64_t> peer_wait_ns;
+  // Per rank, how much later its frames arrived than the earliest other rank's frame of the same
+  // chunk (reduce-scatter) or round (all-gather), summed (the mesh only; the ring leaves zeros).
+  // Unlike peer_wait_ns this does not depend on the order frames are taken in: with two or more
+  // peers it is what names a slow one (gateway/straggler.h).
+  std::vector<int64_t> peer_late_ns;
 };
 
 // The PlanOptions AllReduce uses for `request` on a world of `world` ranks (for inspection and

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "codec/crc32c.h"
@@ -160,14 +161,16 @@ void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> fram
 }
 
 Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
-                 std::vector<uint8_t>* out) {
+                 std::vector<uint8_t>* out, int64_t* arrived_ns) {
   const PhaseTimer timer(ctx.wait_ns);
+  std::optional<PhaseTimer> peer_timer;
+  if (ctx.peer_wait_ns != nullptr) peer_timer.emplace(ctx.peer_wait_ns[static_cast<size_t>(peer)]);
   const Deadline deadline = ctx.request->deadline;
   while (true) {
     if (ctx.cancelled()) return CancelledError("stopped: the all-reduce failed elsewhere");
     const int64_t slice = std::min<int64_t>(deadline.RemainingNanos(), kCancelPollNanos);
     const bool last_slice = slice >= deadline.RemainingNanos();
-    Status s = ctx.transport->Recv(peer, tag, Deadline::After(slice), out);
+    Status s = ctx.transport->RecvStamped(peer, tag, Deadline::After(slice), out, arrived_ns);
     if (s.ok()) {
       if (peer != ctx.rank) ctx.bytes_received.fetch_add(out->size(), std::memory_order_relaxed);
       return s;
@@ -177,6 +180,17 @@ Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, cons
     }
     return s.WithContext(std::string(phase) + ": waiting for " + ctx.transport->PeerName(peer) +
                          "'s frame of " + ChunkText(chunk));
+  }
+}
+
+void AddLateness(OpContext& ctx, const std::vector<int64_t>& arrivals) {
+  if (ctx.peer_late_ns == nullptr) return;
+  int64_t first = 0;
+  for (int64_t a : arrivals) {
+    if (a != 0 && (first == 0 || a < first)) first = a;
+  }
+  for (size_t p = 0; p < arrivals.size(); ++p) {
+    if (arrivals[p] != 0) ctx.peer_late_ns[p].fetch_add(arrivals[p] - first);
   }
 }
 

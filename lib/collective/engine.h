@@ -62,6 +62,12 @@ struct OpContext {
   std::atomic<uint64_t> bytes_received{0};
   // AllReduceStats' time split, added to by both threads (PhaseTimer).
   std::atomic<int64_t> encode_ns{0}, reduce_ns{0}, decode_ns{0}, wait_ns{0};
+  // wait_ns split by the peer waited for (index = rank; sized `world` by AllReduce): what the
+  // gateway's straggler detection reads (AllReduceStats::peer_wait_ns).
+  std::unique_ptr<std::atomic<int64_t>[]> peer_wait_ns;
+  // Per peer, how much later its frames arrived than the earliest other peer's frame of the same
+  // chunk (AllReduceStats::peer_late_ns; sized like peer_wait_ns).
+  std::unique_ptr<std::atomic<int64_t>[]> peer_late_ns;
 
   // Records the first failure and tells every thread of the operation to stop.
   void Fail(Status status);
@@ -99,8 +105,12 @@ struct Worker {
 void SendFrame(OpContext& ctx, int peer, uint64_t tag, std::vector<uint8_t> frame);
 // Receives the frame from `peer` under `tag`, waiting until the deadline or until the operation
 // fails elsewhere (kCancelled). Errors say which phase and chunk was awaited.
+// `arrived_ns`, when not null, receives when the frame arrived (Transport::RecvStamped).
 Status RecvFrame(OpContext& ctx, int peer, uint64_t tag, const char* phase, const Chunk& chunk,
-                 std::vector<uint8_t>* out);
+                 std::vector<uint8_t>* out, int64_t* arrived_ns = nullptr);
+// Adds each remote peer's lateness among `arrivals` (rank -> arrival, 0 = not from a remote
+// peer) to ctx.peer_late_ns: its arrival minus the earliest remote arrival of the set.
+void AddLateness(OpContext& ctx, const std::vector<int64_t>& arrivals);
 
 // Whether the request may make a lossy frame anywhere (codec or a per-link codec).
 bool AnyLossy(const AllReduceRequest& request);

@@ -30,6 +30,12 @@ class LocalWorld::Rank final : public Transport {
     return world_->mailboxes_[static_cast<size_t>(rank_)]->Receive(peer, tag, deadline, out);
   }
 
+  Status RecvStamped(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                     int64_t* arrived_ns) override {
+    return world_->mailboxes_[static_cast<size_t>(rank_)]->Receive(peer, tag, deadline, out,
+                                                                   arrived_ns);
+  }
+
   void Abort(uint64_t op_id, const Status& why, const std::string& /*note*/) override {
     for (int r = 0; r < size(); ++r) {
       if (r != rank_ && world_->failed_[static_cast<size_t>(r)].load(std::memory_order_acquire)) {

@@ -35,12 +35,13 @@ void Mailbox::Deliver(int peer, uint64_t tag, std::vector<uint8_t> bytes) {
     }
     buffered_bytes_ += bytes.size();
     ++buffered_messages_;
-    messages_[{peer, tag}].push_back(std::move(bytes));
+    messages_[{peer, tag}].push_back(Message{std::move(bytes), MonotonicNanos()});
   }
   cv_.notify_all();
 }
 
-Status Mailbox::Receive(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) {
+Status Mailbox::Receive(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                        int64_t* arrived_ns) {
   if (peer < 0 || peer >= peers_) {
     return InvalidArgumentError("receive from rank " + std::to_string(peer) +
                                 ", which is outside the world of " + std::to_string(peers_));
@@ -52,7 +53,8 @@ Status Mailbox::Receive(int peer, uint64_t tag, Deadline deadline, std::vector<u
     if (auto f = forgotten_.find(op); f != forgotten_.end()) return f->second;
     auto it = messages_.find(key);
     if (it != messages_.end()) {
-      *out = std::move(it->second.front());
+      *out = std::move(it->second.front().bytes);
+      if (arrived_ns != nullptr) *arrived_ns = it->second.front().arrived_ns;
       it->second.pop_front();
       if (it->second.empty()) messages_.erase(it);
       buffered_bytes_ -= out->size();
@@ -93,7 +95,7 @@ size_t Mailbox::DropLocked(Pred pred) {
   size_t dropped = 0;
   for (auto it = messages_.begin(); it != messages_.end();) {
     if (pred(it->first.first, it->first.second)) {
-      for (const auto& m : it->second) buffered_bytes_ -= m.size();
+      for (const auto& m : it->second) buffered_bytes_ -= m.bytes.size();
       dropped += it->second.size();
       buffered_messages_ -= it->second.size();
       it = messages_.erase(it);

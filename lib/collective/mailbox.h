@@ -48,7 +48,9 @@ class Mailbox {
   // when it was discarded; kDeadlineExceeded naming the peer and tag; the peer's failure status
   // when one was declared and no such message is buffered; kInvalidArgument for a peer out of
   // range.
-  Status Receive(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out);
+  // `arrived_ns`, when not null, receives the MonotonicNanos() of the message's delivery.
+  Status Receive(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                 int64_t* arrived_ns = nullptr);
 
   // Forgets operation `op_id`: drops its buffered messages and those that arrive later, and
   // ends receives waiting on its tags with kCancelled. Returns how many messages were dropped.
@@ -87,7 +89,11 @@ class Mailbox {
   std::function<std::string(int)> peer_name_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::pair<int, uint64_t>, std::deque<std::vector<uint8_t>>> messages_;
+  struct Message {
+    std::vector<uint8_t> bytes;
+    int64_t arrived_ns = 0;
+  };
+  std::map<std::pair<int, uint64_t>, std::deque<Message>> messages_;
   std::vector<Status> failures_;
   size_t buffered_messages_ = 0;
   size_t buffered_bytes_ = 0;

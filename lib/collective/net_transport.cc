@@ -277,6 +277,11 @@ Status NetTransport::Recv(int peer, uint64_t tag, Deadline deadline, std::vector
   return shared_->mailbox.Receive(peer, tag, deadline, out);
 }
 
+Status NetTransport::RecvStamped(int peer, uint64_t tag, Deadline deadline,
+                                 std::vector<uint8_t>* out, int64_t* arrived_ns) {
+  return shared_->mailbox.Receive(peer, tag, deadline, out, arrived_ns);
+}
+
 void NetTransport::Abort(uint64_t op_id, const Status& why, const std::string& note) {
   op_id &= kOpIdMask;
   shared_->mailbox.Abort(op_id, AbortedError("this gateway aborted the operation: " +

@@ -122,6 +122,8 @@ class NetTransport final : public Transport {
   void Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Deadline deadline,
             SendDone done) override;
   Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) override;
+  Status RecvStamped(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                     int64_t* arrived_ns) override;
   void Abort(uint64_t op_id, const Status& why, const std::string& note = "") override;
 
   // Messages received and not yet taken (for tests and metrics).

@@ -56,6 +56,11 @@ class Transport {
   // transport knows the peer is gone; kInvalidArgument for a peer out of range. Thread-safe:
   // several threads may wait at once (on different tags).
   virtual Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) = 0;
+  // Recv that also says when the message arrived (MonotonicNanos() at delivery), so that the
+  // collective can tell a late peer from one it merely asked for late (straggler detection).
+  // The default stamps the moment Recv returned; mailbox-backed transports stamp delivery.
+  virtual Status RecvStamped(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                             int64_t* arrived_ns);
 
   // Operation `op_id` failed on this rank with `why`: tells every other rank (best effort: a
   // peer whose link is down misses it and ends by its own deadline) and drops the operation's

@@ -726,6 +726,8 @@ Message Gateway::Impl::Handle(Message& request) {
          << "\nack_wait_ns " << ack_wait_ns << "\n";
       // Failure recovery (see "Operations" in gateway.h).
       os << "peer_restarts " << transport->PeerRestarts() << "\n";
+      // Straggler detection (straggler.h): the peers named slow now, as /readyz says them.
+      os << "slow_peers " << stragglers->SlowText() << "\n";
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_allreduce_ok << "\nregion_bytes_sent "
          << region_bytes_sent << "\nregion_bytes_received " << region_bytes_received << "\n";
@@ -1169,6 +1171,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
       g->rank, static_cast<int>(g->world.size()), g->world, collective::kDefaultCollectiveChannel,
       collective::kCollectiveChannelCount);
   g->generations = std::make_unique<Generations>(g->rank, g->world);
+  g->stragglers = std::make_unique<StragglerDetector>(g->world, g->rank);
 
   // Region all-reduces (see gateway.h): the region's gateways, this one at its shard index (a
   // gateway that is not among them refuses region all-reduces; see RunRegionAllReduce).

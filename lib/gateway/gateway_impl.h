@@ -24,6 +24,7 @@
 #include "collective/allreduce.h"
 #include "collective/channels.h"
 #include "collective/net_transport.h"
+#include "common/log_limiter.h"
 #include "common/strings.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
@@ -31,6 +32,7 @@
 #include "gateway/http.h"
 #include "gateway/metrics.h"
 #include "gateway/policy.h"
+#include "gateway/straggler.h"
 #include "gateway/tunnel.h"
 #include "localproto/frame_io.h"
 #include "localproto/protocol.h"
@@ -205,6 +207,12 @@ struct Gateway::Impl {
   void RecordAllReduce(const Message& request, const Status& status, int64_t elapsed_ns,
                        const collective::AllReduceStats& stats);
   std::string MetricsText();
+  // Straggler detection (straggler.h) from each successful cross-region all-reduce's per-peer
+  // waits: strait_peer_wait_seconds_total, strait_peer_slow, a WARN per named peer (at most one
+  // a minute each) and /readyz's detail. Set up by Start.
+  std::unique_ptr<StragglerDetector> stragglers;
+  LogRateLimiter straggler_log{60'000'000'000};
+  void RecordPeerWaits(const collective::AllReduceStats& stats);
   HttpResponse Readiness();  // 200, or 503 naming what is missing
   Status StartHttp();
 

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/log_limiter.h"
+#include "common/units.h"
 #include "common/version.h"
 #include "gateway/gateway_impl.h"
 #include "strait/types.h"
@@ -29,6 +31,11 @@ struct FamilySpec {
 constexpr FamilySpec kFamilies[] = {
     {"strait_build_info", MetricType::kGauge,
      "Always 1; the labels say which straitd this is (version, git describe at build time)."},
+    {"strait_peer_wait_seconds_total", MetricType::kCounter,
+     "Time successful all-reduces waited for this peer region's frames beyond the others' (with "
+     "one peer: time blocked on it); straggler detection's input."},
+    {"strait_peer_slow", MetricType::kGauge,
+     "1 while this peer region is named persistently slow by straggler detection."},
     {"strait_peer_up", MetricType::kGauge,
      "1 when the link to the peer gateway has at least one stream up and its hello arrived."},
     {"strait_peer_goodput_bytes_per_second", MetricType::kGauge,
@@ -102,6 +109,7 @@ void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status
   metrics.Add("strait_allreduce_wan_sent_bytes_total", job, static_cast<double>(stats.bytes_sent));
   metrics.Add("strait_allreduce_wan_received_bytes_total", job,
               static_cast<double>(stats.bytes_received));
+  RecordPeerWaits(stats);
   if ((request.type != MessageType::kAllReduce && request.type != MessageType::kAllReduceFrame) ||
       world.size() < 2) {
     return;
@@ -121,6 +129,39 @@ void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status
   const double sent = metrics.Value("strait_allreduce_wan_sent_bytes_total", job);
   const double raw = metrics.Value("strait_allreduce_wan_raw_bytes_total", job);
   if (sent > 0) metrics.Set("strait_compression_ratio", job, raw / sent);
+}
+
+void Gateway::Impl::RecordPeerWaits(const collective::AllReduceStats& stats) {
+  // With two or more peers, how late each one's frames came against the earliest (independent of
+  // the order the collective takes them in); with one there is nobody to compare with, and the
+  // time blocked on it is measured against its own past (see straggler.h).
+  const std::vector<int64_t>& waits = world.size() >= 3 ? stats.peer_late_ns : stats.peer_wait_ns;
+  if (stragglers == nullptr || waits.size() != world.size()) return;
+  for (size_t p = 0; p < world.size(); ++p) {
+    if (static_cast<int>(p) == rank) continue;
+    metrics.Add("strait_peer_wait_seconds_total", {{"peer", world[p]}},
+                static_cast<double>(waits[p]) / 1e9);
+  }
+  for (const StragglerDetector::Verdict& v : stragglers->Record(waits)) {
+    metrics.Set("strait_peer_slow", {{"peer", v.name}}, v.slow ? 1 : 0);
+    const std::string what = "all-reduces waited " + FormatDuration(v.wait_ns) + " per op for region " +
+                             v.name + " against " + FormatDuration(v.others_ns) + " for the others (" +
+                             std::to_string(v.slow_ops) + " of the last ops slow)";
+    if (!v.slow) {
+      STRAIT_LOG(kInfo, kLog) << "region " << v.name << " is no longer slow: " << what;
+      continue;
+    }
+    // A link that flaps between slow and not would repeat this line: one per key and minute.
+    const LogRateLimiter::Decision d = straggler_log.Admit(v.name, MonotonicNanos());
+    if (d.log) {
+      STRAIT_LOG(kWarn, kLog) << "slow peer: " << what
+                              << "; the link to it or its gateway is slow (check "
+                                 "strait_peer_goodput_bytes_per_second and that gateway's load)"
+                              << (d.suppressed > 0 ? " (+" + std::to_string(d.suppressed) +
+                                                         " like it)"
+                                                   : "");
+    }
+  }
 }
 
 std::string Gateway::Impl::MetricsText() {
@@ -219,7 +260,13 @@ HttpResponse Gateway::Impl::Readiness() {
     const net::LinkEstimates e = link->Estimates();
     if (e.streams_up == 0 || e.unreachable) add("link to " + what + " has no stream up");
   }
-  if (missing.empty()) return HttpResponse{200, "ready\n"};
+  // A slow peer does not make this gateway unready (it still works, only slower), but the
+  // detail is where an operator looking at a slow job reads first.
+  const std::string slow = stragglers != nullptr ? stragglers->SlowText() : std::string();
+  if (missing.empty()) {
+    return HttpResponse{200, slow.empty() ? "ready\n" : "ready\nslow peers: " + slow + "\n"};
+  }
+  if (!slow.empty()) add("slow peers: " + slow);
   return HttpResponse{503, "not ready:\n" + missing + "\n"};
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -625,6 +626,67 @@ TEST(AllReduce, OneRankStillRoundTripsThroughTheCodecAndStatsCountBytes) {
     EXPECT_GT(s.decode_ns, 0);
     EXPECT_GT(s.wait_ns, 0);
     EXPECT_GE(s.ack_wait_ns, 0);
+  }
+}
+
+// Delays every frame one rank sends (a slow link out of that rank), for the per-peer timings.
+class DelayingTransport final : public Transport {
+ public:
+  DelayingTransport(Transport& inner, int64_t delay_ns) : inner_(inner), delay_ns_(delay_ns) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Deadline deadline,
+            SendDone done) override {
+    if (peer != rank()) std::this_thread::sleep_for(std::chrono::nanoseconds(delay_ns_));
+    inner_.Send(peer, tag, std::move(bytes), deadline, std::move(done));
+  }
+  Status Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) override {
+    return inner_.Recv(peer, tag, deadline, out);
+  }
+  Status RecvStamped(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out,
+                     int64_t* arrived_ns) override {
+    return inner_.RecvStamped(peer, tag, deadline, out, arrived_ns);
+  }
+
+ private:
+  Transport& inner_;
+  const int64_t delay_ns_;
+};
+
+// Straggler detection's input (gateway/straggler.h): whichever rank is slow, rank 0's
+// peer_late_ns names it, whatever the order rank 0 takes frames in (it takes rank 1's before
+// rank 2's); the on-time peer's lateness stays well below. The result stays exact.
+TEST(AllReduce, PeerLatenessNamesTheSlowRankWhateverTheReceiveOrder) {
+  constexpr int kWorld = 3;
+  constexpr size_t kCount = 3000;
+  constexpr int64_t kDelay = 30'000'000;
+  for (int slow : {1, 2}) {
+    SCOPED_TRACE("slow rank " + std::to_string(slow));
+    const Buffers in = FloatInputs(kWorld, kCount, DataType::kFloat32);
+    Buffers data = in;
+    std::vector<AllReduceStats> stats(kWorld);
+    std::vector<Status> statuses = RunRanks(kWorld, [&](Transport& t, int r) {
+      DelayingTransport delaying(t, r == slow ? kDelay : 0);
+      AllReduceRequest req = Request(DataType::kFloat32, ReduceOp::kSum, kCount, CodecId::kNone);
+      req.data = data[static_cast<size_t>(r)].data();
+      return AllReduce(delaying, req, &stats[static_cast<size_t>(r)]);
+    });
+    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    ExpectBitIdentical(data, "lateness");
+    std::vector<float> expected(kCount, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> f = ToFloats(in[static_cast<size_t>(r)], DataType::kFloat32);
+      for (size_t e = 0; e < kCount; ++e) expected[e] += f[e];
+    }
+    EXPECT_TRUE(ToFloats(data[0], DataType::kFloat32) == expected) << "not the exact sum";
+    const AllReduceStats& s0 = stats[0];
+    ASSERT_EQ(s0.peer_late_ns.size(), 3u);
+    ASSERT_EQ(s0.peer_wait_ns.size(), 3u);
+    const int other = 3 - slow;
+    EXPECT_GE(s0.peer_late_ns[static_cast<size_t>(slow)], kDelay / 2);
+    EXPECT_LT(s0.peer_late_ns[static_cast<size_t>(other)] * 3,
+              s0.peer_late_ns[static_cast<size_t>(slow)]);
+    EXPECT_EQ(s0.peer_late_ns[0], 0);
   }
 }
 

@@ -71,6 +71,9 @@ class WanCluster {
   // Whether the daemon is still running (false once it exited).
   bool Running(int region, int index);
 
+  // The emulator, to change a link while traffic runs (Emulator::SetLink).
+  wanem::Emulator& emulator() { return *emulator_; }
+
   // SIGKILL / restart (same config) of one daemon; Restart waits for its ready line.
   void Kill(int region, int index);
   Status Restart(int region, int index);

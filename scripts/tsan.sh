@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# ThreadSanitizer run of the threaded modules' tests (net, collective, gateway, localproto, the
+# plugin and library mode), kept apart from scripts/test.sh because a second instrumented build
+# does not fit CI's 25-minute budget on 2 cores (this takes 15-25 min there). Run it before
+# merging changes to locking, threads or event loops; it exits non-zero on any report.
+#
+#   bash scripts/tsan.sh            # build the `tsan` preset and run the tests below
+#   bash scripts/tsan.sh -R Tunnel  # extra ctest arguments narrow the run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake --preset tsan -DSTRAIT_CUDA=OFF >/dev/null
+cmake --build build/tsan -j"$(nproc)"
+# halt_on_error: the first race fails its test (a report must not scroll past as a warning);
+# second_deadlock_stack: lock-order reports name both acquisitions.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+regex='^(net|collective|gateway|localproto|straitd|plugin|nccl|api|Net|Collective|Gateway|Straitd|Tunnel|Localproto|Plugin|Api)'
+ctest --test-dir build/tsan -j"$(nproc)" --output-on-failure -R "$regex" -LE gpu "$@"
