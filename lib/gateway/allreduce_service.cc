@@ -216,10 +216,19 @@ Status AllReduceService::Number(const Message& request, const Admission& a, Oper
   // deadline.
   op->identity = IdentityText(request, a.frame.has_value() ? &*a.frame : nullptr);
   const uint64_t word = IdentityWord(request.generation, request.sequence);
-  op->req.op_id = OperationId(request.job, op->identity, word);
+  op->req.op_id = TransportOpId(request, op->identity, word);
   op->region_op_id = RegionSideOpId(request.job, request.tensor_key, request.scope, word);
   STRAIT_RETURN_IF_ERROR(Weigh(request, word, op));
   return Begin(request, op);
+}
+
+uint64_t AllReduceService::TransportOpId(const Message& request, const std::string& identity,
+                                         uint64_t word) const {
+  const uint64_t op_id = OperationId(request.job, identity, word);
+  if (request.type != MessageType::kRegionAllReduce) return op_id;
+  // The one id the operation has everywhere: it runs under it on the cross-region transport,
+  // Generations knows it by it (EndOp, and a peer's mismatch aborts it), and failures abort it.
+  return RegionCrossOpId(request.job, request.tensor_key, g_.config.RegionSize(), op_id);
 }
 
 Status AllReduceService::Weigh(const Message& request, uint64_t word, Operation* op) {
@@ -243,7 +252,7 @@ Status AllReduceService::Weigh(const Message& request, uint64_t word, Operation*
   for (size_t i = 0; i < weights->size(); ++i) {
     op->identity += (i ? "/" : "") + std::to_string((*weights)[i]);
   }
-  op->req.op_id = OperationId(request.job, op->identity, word);
+  op->req.op_id = TransportOpId(request, op->identity, word);
   op->req.shard_weights = *std::move(weights);
   return Status::Ok();
 }

@@ -85,6 +85,9 @@ class AllReduceService {
   Status Prepare(const localproto::Message& request, const Admission& a, const TensorCodec& tc,
                  localproto::Message& reply, Operation* op);
   Status Number(const localproto::Message& request, const Admission& a, Operation* op);
+  // The op id the operation runs under on the cross-region transport (Number's output).
+  uint64_t TransportOpId(const localproto::Message& request, const std::string& identity,
+                         uint64_t word) const;
   Status Weigh(const localproto::Message& request, uint64_t word, Operation* op);
   Status Begin(const localproto::Message& request, Operation* op);
   Status Run(const localproto::Message& request, Operation* op, collective::AllReduceStats* stats);

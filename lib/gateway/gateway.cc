@@ -248,6 +248,8 @@ Message Gateway::Impl::Handle(Message& request) {
          << "\nwait_ns " << c.wait_ns << "\nack_wait_ns " << c.ack_wait_ns << "\n";
       // Failure recovery (see "Operations" in gateway.h).
       os << "peer_restarts " << transport->PeerRestarts() << "\n";
+      // Operations numbered and announced to the peers that have not ended (0 when idle).
+      os << "numbered_ops_in_flight " << generations->OpsInFlight() << "\n";
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_state.allreduce_ok << "\nregion_bytes_sent "
          << region_state.bytes_sent << "\nregion_bytes_received " << region_state.bytes_received

@@ -260,8 +260,8 @@ struct Gateway::Impl {
   net::MessageCallback RegionReceiver();
   // Until every gateway of the region was heard from (its incarnation is known).
   Status WaitForRegionLinks(Deadline deadline);
-  // Runs `req` (numbered for the cross-region transport) as a hierarchical all-reduce.
-  // `region_op_id` pairs the region's gateways (RegionSideOpId in numbering.h).
+  // Runs `req` as a hierarchical all-reduce; its op_id is already the cross-region one
+  // (RegionCrossOpId), `region_op_id` pairs the region's gateways (RegionSideOpId).
   Status RunRegionAllReduce(collective::AllReduceRequest& req, uint64_t region_op_id,
                             collective::AllReduceStats* stats);
 

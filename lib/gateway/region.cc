@@ -14,7 +14,6 @@
 #include "common/endian.h"
 #include "common/log.h"
 #include "gateway/gateway_impl.h"
-#include "gateway/numbering.h"
 
 namespace strait::gateway {
 namespace {
@@ -64,10 +63,6 @@ Status Gateway::Impl::WaitForRegionLinks(Deadline deadline) {
 Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req, uint64_t region_op_id,
                                          collective::AllReduceStats* stats) {
   const int m = config.RegionSize();
-  // Apart from plain all-reduces' op ids, and from those of gateways whose region runs another
-  // number of gateways (they would cut the tensor differently): such gateways never pair, so
-  // the operation fails by its deadline instead of mixing different shards. The lane stays.
-  req.op_id = RegionCrossOpId(req.job, req.tensor_key, m, req.op_id);
   Status s;
   if (config.shard_index >= m) {
     s = FailedPreconditionError("this gateway is shard_" + std::to_string(config.shard_index) +
