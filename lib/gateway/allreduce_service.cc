@@ -98,21 +98,19 @@ StatusOr<AllReduceService::Admission> AllReduceService::Admit(Message& request) 
   Admission a{MonotonicNanos(), {}, std::nullopt, Deadline::Infinite()};
   {
     std::lock_guard<std::mutex> lock(g_.mu);
-    auto it = g_.jobs.find(request.job);
-    if (it == g_.jobs.end()) {
+    const JobPolicy* policy = g_.jobs.Find(request.job);
+    if (policy == nullptr) {
       ++g_.bad_requests;
-      return FailedPreconditionError("job \"" + request.job +
-                                     "\" is not registered; send register-job with its policy "
-                                     "first");
+      return JobTable::NotRegistered(request.job);
     }
     // Under `mu`, as Shutdown sets `stopping`: either it refuses here, or Shutdown waits for it.
     if (g_.stopping.load()) return UnavailableError("the gateway is shutting down");
-    if (Status owner = g_.CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+    if (Status owner = g_.jobs.CheckOwner(request.job, request.client_uid); !owner.ok()) {
       ++g_.refused_requests;
       STRAIT_LOG(kWarn, kLog) << "refused all-reduce: " << owner.message();
       return owner;
     }
-    a.policy = it->second;
+    a.policy = *policy;
     ++g_.in_flight;
   }
   if (request.type == MessageType::kAllReduceFrame) {

@@ -273,17 +273,16 @@ Message Gateway::Impl::HandleRegister(Message& request) {
   Message m = Reply(request.type, Status::Ok());
   m.text = policy->ToString();
   std::lock_guard<std::mutex> lock(mu);
-  if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+  if (Status owner = jobs.CheckOwner(request.job, request.client_uid); !owner.ok()) {
     ++refused_requests;
     STRAIT_LOG(kWarn, kLog) << "refused register-job: " << owner.message();
     return Reply(request.type, owner);
   }
   // Measured shard weights unless the operator configured them (see "Shard weights").
   policy->measured_weights = config.ShardWeights().empty();
-  jobs[request.job] = *policy;
+  jobs.Register(request.job, *policy, request.client_uid);
   // Offered to the other regions (see policy.h).
   peer_control.agreement->SetLocal(request.job, *policy);
-  job_owners[request.job] = request.client_uid;
   return m;
 }
 

@@ -15,7 +15,7 @@
 //   numbering.*           op ids and generation keys (pure).
 //
 // Locking, from outside in (never take an outer lock while holding an inner one):
-//   `mu`                  links, pending_links, region_links, jobs, job_owners, connection
+//   `mu`                  links, pending_links, region_links, jobs (JobTable), connection
 //                         threads, shut_down. The jobs stay under `mu` (not a lock of their own)
 //                         because admission checks `stopping` and counts itself in flight under
 //                         the same lock that Shutdown sets `stopping` under.
@@ -125,6 +125,39 @@ struct RegionState {
   std::atomic<uint64_t> allreduce_ok{0}, bytes_sent{0}, bytes_received{0};
 };
 
+// The jobs registered here and their owners (see "Jobs and isolation" in gateway.h). Under
+// Impl::mu, not a lock of its own: see the file comment.
+struct JobTable {
+  std::map<std::string, JobPolicy> policies;
+  std::map<std::string, uint32_t> owners;  // job -> the uid that registered it
+
+  // The job's policy, or null when it is not registered.
+  const JobPolicy* Find(const std::string& job) const {
+    auto it = policies.find(job);
+    return it == policies.end() ? nullptr : &it->second;
+  }
+  // kFailedPrecondition for an unregistered job, saying how to register it.
+  static Status NotRegistered(const std::string& job) {
+    return FailedPreconditionError("job \"" + job +
+                                   "\" is not registered; send register-job with its policy first");
+  }
+  // OK when `job` is unregistered or belongs to `uid`; otherwise kPermissionDenied saying
+  // whose it is.
+  Status CheckOwner(const std::string& job, uint32_t uid) const {
+    auto it = owners.find(job);
+    if (it == owners.end() || it->second == uid) return Status::Ok();
+    return PermissionDeniedError("job \"" + job + "\" belongs to uid " +
+                                 std::to_string(it->second) + ", not to this client's uid " +
+                                 std::to_string(uid) +
+                                 "; a job's data is reachable only by the uid that registered it "
+                                 "(use another job id, or run as that user)");
+  }
+  void Register(const std::string& job, const JobPolicy& policy, uint32_t uid) {
+    policies[job] = policy;
+    owners[job] = uid;
+  }
+};
+
 struct Gateway::Impl {
   GatewayConfig config;
   std::vector<std::string> world;
@@ -139,9 +172,7 @@ struct Gateway::Impl {
   // Per peer, the newest accepted link not yet adopted (it replaces links[peer] on its first
   // message; until then this handle keeps it open). One per peer: bounded under reconnect floods.
   std::map<int, std::shared_ptr<net::Link>> pending_links;
-  std::map<std::string, JobPolicy> jobs;
-  // job -> the uid that registered it (see "Jobs and isolation" in gateway.h).
-  std::map<std::string, uint32_t> job_owners;
+  JobTable jobs;
   // Each job's generations and its operations' identities (generation.h); thread-safe on its
   // own. Set up by Start before any link exists.
   std::unique_ptr<Generations> generations;
@@ -197,18 +228,6 @@ struct Gateway::Impl {
       }
       links_cv.wait_for(lock, std::chrono::milliseconds(50));
     }
-  }
-
-  // OK when `job` is unregistered or belongs to `uid`; otherwise kPermissionDenied saying
-  // whose it is. Call with `mu` held.
-  Status CheckJobOwner(const std::string& job, uint32_t uid) const {
-    auto it = job_owners.find(job);
-    if (it == job_owners.end() || it->second == uid) return Status::Ok();
-    return PermissionDeniedError("job \"" + job + "\" belongs to uid " +
-                                 std::to_string(it->second) + ", not to this client's uid " +
-                                 std::to_string(uid) +
-                                 "; a job's data is reachable only by the uid that registered it "
-                                 "(use another job id, or run as that user)");
   }
 
   // ---- Peer control (peer_control.cc) ----

@@ -247,12 +247,10 @@ void Gateway::Impl::OnFetchMessage(int peer, std::span<const uint8_t> m) {
 Message Gateway::Impl::HandleFetch(Message& request) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (jobs.find(request.job) == jobs.end()) {
-      return Reply(request.type, FailedPreconditionError("job \"" + request.job +
-                                                         "\" is not registered; send "
-                                                         "register-job with its policy first"));
+    if (jobs.Find(request.job) == nullptr) {
+      return Reply(request.type, JobTable::NotRegistered(request.job));
     }
-    if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+    if (Status owner = jobs.CheckOwner(request.job, request.client_uid); !owner.ok()) {
       ++refused_requests;
       return Reply(request.type, owner);
     }
@@ -316,13 +314,11 @@ Message Gateway::Impl::HandleFetch(Message& request) {
 Message Gateway::Impl::HandleJoin(Message& request) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (jobs.find(request.job) == jobs.end()) {
+    if (jobs.Find(request.job) == nullptr) {
       ++bad_requests;
-      return Reply(request.type, FailedPreconditionError("job \"" + request.job +
-                                                         "\" is not registered; send "
-                                                         "register-job with its policy first"));
+      return Reply(request.type, JobTable::NotRegistered(request.job));
     }
-    if (Status owner = CheckJobOwner(request.job, request.client_uid); !owner.ok()) {
+    if (Status owner = jobs.CheckOwner(request.job, request.client_uid); !owner.ok()) {
       ++refused_requests;
       return Reply(request.type, owner);
     }
