@@ -1,8 +1,29 @@
 // Internal to lib/gateway: the state behind Gateway, shared by the files that implement its
-// request handlers (gateway.cc: sockets, jobs, all-reduce, lifecycle). Not installed.
+// services. Not installed. Gateway::Impl is the context every service reaches; its parts:
 //
-// Locking: `mu` guards links and jobs (`numbering` locks itself); counters are atomics. Handlers
-// run on the connection's thread and may block up to their request's deadline.
+//   gateway.cc            lifecycle (Start, Shutdown, ReloadIdentity), the local socket and its
+//                         connections, request dispatch (Handle), link supervision (redial).
+//   allreduce_service.*   the all-reduce as stages: admit -> resolve codecs -> prepare -> number
+//                         -> run -> commit -> reply (AllReduceService, `allreduce`).
+//   peer_control.cc       what the gateways tell each other outside the collective: the channel
+//                         router, policy offers and agreement, generations (kJoinJob), shard
+//                         weights from measured rates, the commit confirmation, result recovery
+//                         (kFetchResult) (PeerControl, `peer_control`).
+//   region.cc             the hierarchical region all-reduce over this region's gateways
+//                         (RegionState, `region_state`).
+//   gateway_metrics.cc    Prometheus metrics, /metrics, /healthz, /readyz.
+//   numbering.*           op ids and generation keys (pure).
+//
+// Locking, from outside in (never take an outer lock while holding an inner one):
+//   `mu`                  links, pending_links, region_links, jobs (JobTable), connection
+//                         threads, shut_down. The jobs stay under `mu` (not a lock of their own)
+//                         because admission checks `stopping` and counts itself in flight under
+//                         the same lock that Shutdown sets `stopping` under.
+//   `peer_control.results.mu`  committed results and pending fetches (CommittedResults).
+//   Generations, PolicyAgreement, WeightsAgreement, TunnelService, NetTransport and
+//   ErrorFeedbackStore lock themselves; counters are atomics.
+// Handlers run on the connection's thread and may block up to their request's deadline;
+// messages from peers arrive on the endpoint's I/O thread and never block.
 #ifndef STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 #define STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 
@@ -26,6 +47,7 @@
 #include "collective/net_transport.h"
 #include "common/log_limiter.h"
 #include "common/strings.h"
+#include "gateway/allreduce_service.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
 #include "gateway/generation.h"
@@ -45,6 +67,99 @@ using localproto::DecodeMessageInto;
 using localproto::EncodeMessageHead;
 using localproto::ReadFrameInto;
 
+// Results this gateway committed, for result recovery (kFetchResult; see "Result recovery" in
+// localproto/protocol.h): each gateway keeps the result of the last step it committed per
+// (job, scope); a rank whose gateway was killed after the commit asks its restarted gateway,
+// which asks the peers (peer_control.cc). Thread-safe through `mu`.
+struct CommittedResults {
+  struct Committed {
+    uint64_t generation = 0;
+    uint64_t sequence = 0;
+    std::vector<uint8_t> data;  // what the all-reduce's reply carried (tensor or frame)
+  };
+  struct Fetch {
+    int answers = 0;
+    bool found = false;
+    std::vector<uint8_t> data;
+  };
+  std::mutex mu;
+  std::map<std::string, Committed> committed;  // by generation key
+  std::condition_variable fetch_cv;
+  std::map<std::tuple<std::string, uint64_t, uint64_t>, Fetch> fetches;  // our fetches waiting
+
+  // Keeps `data` as the committed result of `key`'s (generation, sequence), replacing the last.
+  void Keep(const std::string& key, uint64_t generation, uint64_t sequence,
+            std::span<const uint8_t> data) {
+    std::lock_guard<std::mutex> lock(mu);
+    Committed& c = committed[key];
+    c.generation = generation;
+    c.sequence = sequence;
+    c.data.assign(data.begin(), data.end());
+  }
+};
+
+// Peer control's state (peer_control.cc): set up by Start before any link exists, so that every
+// message from a peer finds its owner; each part locks itself.
+struct PeerControl {
+  // Messages on link channels the collective does not use arrive in OnOtherChannel (I/O thread;
+  // never blocks), which the router hands to the owner of the channel's range in
+  // collective/channels.h: tunnels, generations, policy, rates.
+  collective::ChannelRouter router;
+  // The regions' agreement on each job's policy, and this machine's codec speeds for `auto`
+  // (measured once at start; see policy.h).
+  std::unique_ptr<PolicyAgreement> agreement;
+  std::vector<net::CodecProfile> codec_profiles;
+  // Shard weights from measured link rates (the rule is in policy.h): rates messages on
+  // kRatesChannel arrive here.
+  std::unique_ptr<WeightsAgreement> weights_agreement;
+  CommittedResults results;
+};
+
+// The region all-reduce's state (region.cc; "Region all-reduce" in gateway.h): the region's
+// gateways as a second NetTransport, rank = shard index, world = config.RegionSize(), on link
+// channels collective::kRegionCollectiveChannels of same-region links. Each gateway dials every
+// other gateway of its region and sends over the link it dialed (Impl::region_links); what they
+// send arrives on links they dialed, which RegionReceiver() routes by the sender rank in the
+// NetTransport header. Set up by Start before any link.
+struct RegionState {
+  std::unique_ptr<collective::NetTransport> transport;
+  std::vector<collective::NetTransport::Receiver> receivers;  // by shard index
+  std::atomic<uint64_t> allreduce_ok{0}, bytes_sent{0}, bytes_received{0};
+};
+
+// The jobs registered here and their owners (see "Jobs and isolation" in gateway.h). Under
+// Impl::mu, not a lock of its own: see the file comment.
+struct JobTable {
+  std::map<std::string, JobPolicy> policies;
+  std::map<std::string, uint32_t> owners;  // job -> the uid that registered it
+
+  // The job's policy, or null when it is not registered.
+  const JobPolicy* Find(const std::string& job) const {
+    auto it = policies.find(job);
+    return it == policies.end() ? nullptr : &it->second;
+  }
+  // kFailedPrecondition for an unregistered job, saying how to register it.
+  static Status NotRegistered(const std::string& job) {
+    return FailedPreconditionError("job \"" + job +
+                                   "\" is not registered; send register-job with its policy first");
+  }
+  // OK when `job` is unregistered or belongs to `uid`; otherwise kPermissionDenied saying
+  // whose it is.
+  Status CheckOwner(const std::string& job, uint32_t uid) const {
+    auto it = owners.find(job);
+    if (it == owners.end() || it->second == uid) return Status::Ok();
+    return PermissionDeniedError("job \"" + job + "\" belongs to uid " +
+                                 std::to_string(it->second) + ", not to this client's uid " +
+                                 std::to_string(uid) +
+                                 "; a job's data is reachable only by the uid that registered it "
+                                 "(use another job id, or run as that user)");
+  }
+  void Register(const std::string& job, const JobPolicy& policy, uint32_t uid) {
+    policies[job] = policy;
+    owners[job] = uid;
+  }
+};
+
 struct Gateway::Impl {
   GatewayConfig config;
   std::vector<std::string> world;
@@ -52,11 +167,6 @@ struct Gateway::Impl {
   std::unique_ptr<collective::NetTransport> transport;
   std::unique_ptr<net::Endpoint> endpoint;
   uint16_t wan_port = 0;
-  ErrorFeedbackStore feedback;
-  // The regions' agreement on each job's policy, and this machine's codec speeds for `auto`
-  // (measured once at start; see policy.h). Set up by Start before any link exists.
-  std::unique_ptr<PolicyAgreement> agreement;
-  std::vector<net::CodecProfile> codec_profiles;
 
   std::mutex mu;
   std::condition_variable links_cv;
@@ -64,9 +174,7 @@ struct Gateway::Impl {
   // Per peer, the newest accepted link not yet adopted (it replaces links[peer] on its first
   // message; until then this handle keeps it open). One per peer: bounded under reconnect floods.
   std::map<int, std::shared_ptr<net::Link>> pending_links;
-  std::map<std::string, JobPolicy> jobs;
-  // job -> the uid that registered it (see "Jobs and isolation" in gateway.h).
-  std::map<std::string, uint32_t> job_owners;
+  JobTable jobs;
   // Each job's generations and its operations' identities (generation.h); thread-safe on its
   // own. Set up by Start before any link exists.
   std::unique_ptr<Generations> generations;
@@ -91,12 +199,7 @@ struct Gateway::Impl {
   // Counters for the stats request.
   std::atomic<uint64_t> connections{0}, refused_connections{0}, bad_requests{0};
   std::atomic<uint64_t> refused_requests{0};  // requests for a job of another uid
-  std::atomic<uint64_t> allreduce_ok{0}, allreduce_failed{0}, bytes_sent{0}, bytes_received{0};
   std::atomic<uint64_t> join_failed{0};  // kJoinJob requests that failed (e.g. a region missing)
-  // Where successful all-reduces spent their time (collective::AllReduceStats, summed; the
-  // wall time of the cross-region operation itself), for `strait-bench allreduce`.
-  std::atomic<int64_t> handle_ns{0}, allreduce_ns{0}, encode_ns{0}, reduce_ns{0}, decode_ns{0},
-      wait_ns{0}, ack_wait_ns{0};
 
   int RankOf(const std::string& region) const {
     auto it = std::find(world.begin(), world.end(), region);
@@ -129,46 +232,38 @@ struct Gateway::Impl {
     }
   }
 
-  // OK when `job` is unregistered or belongs to `uid`; otherwise kPermissionDenied saying
-  // whose it is. Call with `mu` held.
-  Status CheckJobOwner(const std::string& job, uint32_t uid) const {
-    auto it = job_owners.find(job);
-    if (it == job_owners.end() || it->second == uid) return Status::Ok();
-    return PermissionDeniedError("job \"" + job + "\" belongs to uid " +
-                                 std::to_string(it->second) + ", not to this client's uid " +
-                                 std::to_string(uid) +
-                                 "; a job's data is reachable only by the uid that registered it "
-                                 "(use another job id, or run as that user)");
-  }
-
-
-  // Messages on link channels the collective does not use arrive in OnOtherChannel (I/O thread;
-  // never blocks), which `router` (set up by RouteChannels, before any link) hands to the owner
-  // of the channel's range in collective/channels.h: tunnels, generations, policy, rates.
-  collective::ChannelRouter router;
-  void RouteChannels();
+  // ---- Peer control (peer_control.cc) ----
+  PeerControl peer_control;
+  void RouteChannels();  // fills peer_control.router; by Start, before any link
   void OnOtherChannel(int peer, uint32_t channel, std::vector<uint8_t> message);
   void OnGenerationMessage(int peer, std::vector<uint8_t> message);
-  // Policy agreement (gateway.cc, "Policy"): offers from peers, offers to peers; the agreed
-  // policy of a job, waiting for the other regions' offers until `deadline`; the tensor's codecs
-  // from it.
+  // Policy agreement: offers from peers, offers to peers; the agreed policy of a job, waiting
+  // for the other regions' offers until `deadline`.
   void OnPolicyMessage(int peer, std::vector<uint8_t> message);
   void SendPolicyOffers(const std::string& job, const std::vector<int>& peers);
   StatusOr<JobPolicy> AgreedPolicy(const std::string& job, Deadline deadline);
-  Status ChooseCodecs(const Message& request, Deadline deadline, TensorCodec* tc);
 
-  // Shard weights from measured link rates (gateway.cc, "Shard weights"; the rule is in
-  // policy.h): rates messages on kRatesChannel arrive in `weights_agreement` (set up by Start
-  // before any link); MeasuredWeights gives the agreed weights of operation `number` (empty =
-  // equal shards), offering this gateway's egress rates and waiting for the peers' until
-  // `deadline`.
-  std::unique_ptr<WeightsAgreement> weights_agreement;
+  // Shard weights: MeasuredWeights gives the agreed weights of operation (generation,
+  // sequence) (empty = equal shards), offering this gateway's egress rates and waiting for the
+  // peers' until `deadline`.
   std::vector<uint64_t> EgressRates();
   void SendToPeers(const std::vector<uint8_t>& message, const std::vector<int>& peers,
                    uint32_t channel);
   void SendToPeers(uint32_t channel, const std::vector<uint8_t>& message);  // to every peer
   StatusOr<std::vector<uint64_t>> MeasuredWeights(const std::string& job, uint64_t generation,
                                                   uint64_t sequence, Deadline deadline);
+  // After a successful all-reduce: every gateway confirms it holds the result before any
+  // answers its rank, so a step fails in every region or in none (short of a crash in the few
+  // microseconds between two sends).
+  Status ConfirmCommit(uint64_t op_id, Deadline deadline);
+  // kJoinJob: agrees on the job's next generation with every peer (generation.h); blocks up to
+  // the request's deadline.
+  Message HandleJoin(Message& request);
+  // kFetchResult: this gateway's committed result of the step, or a peer's; blocks up to the
+  // request's deadline.
+  Message HandleFetch(Message& request);
+  // Generation-channel kinds kFetch / kFetched from `peer` (I/O thread; never blocks).
+  void OnFetchMessage(int peer, std::span<const uint8_t> message);
 
   // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
   // messages always find it; its threads end when `stopping` turns true.
@@ -179,22 +274,15 @@ struct Gateway::Impl {
                                                                  : nullptr;
   }
 
-  // Region all-reduces (gateway.cc, "Region all-reduce"; gateway.h): the region's gateways as a
-  // second NetTransport, rank = shard index, world = config.RegionSize(), on link channels
-  // collective::kRegionCollectiveChannels of same-region links. Each gateway
-  // dials every other gateway of its region and sends over the link it dialed; what they send
-  // arrives on links they dialed, which RegionReceiver() routes by the sender rank in the
-  // NetTransport header. Set up by Start before any link; null when the region has one gateway.
-  std::unique_ptr<collective::NetTransport> region_transport;
-  std::vector<collective::NetTransport::Receiver> region_receivers;  // by shard index
-  std::vector<std::shared_ptr<net::Link>> region_links;             // dialed, by shard index
-  std::atomic<uint64_t> region_allreduce_ok{0}, region_bytes_sent{0}, region_bytes_received{0};
+  // ---- Region all-reduce (region.cc) ----
+  RegionState region_state;
+  std::vector<std::shared_ptr<net::Link>> region_links;  // dialed, by shard index; under `mu`
   // The receiver of a link another gateway of this region dialed (I/O thread; never blocks).
   net::MessageCallback RegionReceiver();
   // Until every gateway of the region was heard from (its incarnation is known).
   Status WaitForRegionLinks(Deadline deadline);
-  // Runs `req` (numbered for the cross-region transport) as a hierarchical all-reduce.
-  // `region_op_id` pairs the region's gateways (see HandleAllReduce).
+  // Runs `req` as a hierarchical all-reduce; its op_id is already the cross-region one
+  // (RegionCrossOpId), `region_op_id` pairs the region's gateways (RegionSideOpId).
   Status RunRegionAllReduce(collective::AllReduceRequest& req, uint64_t region_op_id,
                             collective::AllReduceStats* stats);
 
@@ -227,35 +315,9 @@ struct Gateway::Impl {
   void ServeConnection(int fd);
   // Takes the request's data (an all-reduce answers in place).
   Message Handle(Message& request);
-  Message HandleAllReduce(Message& request);
-  // kJoinJob: agrees on the job's next generation with every peer (generation.h); blocks up to
-  // the request's deadline.
-  Message HandleJoin(Message& request);
-
-  // Recovering a step's result (kFetchResult; see "Result recovery" in localproto/protocol.h): each
-  // gateway keeps the result of the last step it committed per (job, scope); a rank whose
-  // gateway was killed after the commit asks its restarted gateway, which asks the peers.
-  struct Committed {
-    uint64_t generation = 0;
-    uint64_t sequence = 0;
-    std::vector<uint8_t> data;  // what the all-reduce's reply carried (tensor or frame)
-  };
-  std::mutex committed_mu;
-  std::map<std::string, Committed> committed;  // by generation key
-  struct Fetch {
-    int answers = 0;
-    bool found = false;
-    std::vector<uint8_t> data;
-  };
-  std::condition_variable fetch_cv;
-  std::map<std::tuple<std::string, uint64_t, uint64_t>, Fetch> fetches;  // under committed_mu
-  Message HandleFetch(Message& request);
-  // Generation-channel kinds kFetch / kFetched from `peer` (I/O thread; never blocks).
-  void OnFetchMessage(int peer, std::span<const uint8_t> message);
-  // After a successful all-reduce: every gateway confirms it holds the result before any
-  // answers its rank, so a step fails in every region or in none (short of a crash in the few
-  // microseconds between two sends).
-  Status Commit(uint64_t op_id, Deadline deadline);
+  Message HandleRegister(Message& request);
+  // The all-reduce service (allreduce_service.h); kAllReduce, kAllReduceFrame, kRegionAllReduce.
+  AllReduceService allreduce{*this};
 };
 
 // A reply to a request of type `to` carrying `status` (and nothing else yet).

@@ -267,6 +267,11 @@ Status Generations::EndOp(uint64_t op_id) {
   return mismatch;
 }
 
+size_t Generations::OpsInFlight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ops_.size();
+}
+
 StatusOr<Generations::Effects> Generations::OnMessage(int peer, std::span<const uint8_t> m) {
   if (m.size() < kHeaderBytes) {
     return DataLossError("generation message of " + std::to_string(m.size()) +

@@ -132,6 +132,8 @@ class Generations {
   // Unregisters the operation; returns the mismatch a peer's announcement revealed while it ran
   // (OK if none): that, not the abort it caused, is the operation's error.
   Status EndOp(uint64_t op_id);
+  // How many operations began and did not end yet (the stats' numbered_ops_in_flight).
+  size_t OpsInFlight() const;
 
   // ---- Messages from peers (a link's I/O thread) ----
   struct Effects {

@@ -197,6 +197,23 @@ TEST_F(GenerationsTest, RegionsThatDisagreeOnAStepGetBothIdentitiesNamed) {
       << mismatch;
 }
 
+// The stats' numbered_ops_in_flight: an operation counts from BeginOp to EndOp under its op id;
+// a refused one never counts, and ending an unknown op id changes nothing.
+TEST_F(GenerationsTest, OpsInFlightCountsFromBeginToEnd) {
+  ASSERT_EQ(JoinAll("job"), (std::vector<uint64_t>{1, 1, 1}));
+  std::vector<uint8_t> announce;
+  EXPECT_EQ(g_[0]->OpsInFlight(), 0u);
+  ASSERT_TRUE(g_[0]->BeginOp("job", 1, 0, "all-reduce key=w", 11, &announce).ok());
+  ASSERT_TRUE(g_[0]->BeginOp("job", 1, 1, "all-reduce key=b", 12, &announce).ok());
+  EXPECT_FALSE(g_[0]->BeginOp("job", 9, 0, "all-reduce key=w", 13, &announce).ok());
+  EXPECT_EQ(g_[0]->OpsInFlight(), 2u);
+  EXPECT_TRUE(g_[0]->EndOp(99).ok());
+  EXPECT_EQ(g_[0]->OpsInFlight(), 2u);
+  EXPECT_TRUE(g_[0]->EndOp(11).ok());
+  EXPECT_TRUE(g_[0]->EndOp(12).ok());
+  EXPECT_EQ(g_[0]->OpsInFlight(), 0u);
+}
+
 TEST_F(GenerationsTest, BadMessagesAreRefusedWithTheField) {
   EXPECT_EQ(g_[0]->OnMessage(1, std::vector<uint8_t>(5, 0)).status().code(),
             StatusCode::kDataLoss);

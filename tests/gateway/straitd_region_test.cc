@@ -275,6 +275,9 @@ TEST_P(StraitdRegion, FourNodeHeadsInTwoRegionsGetTheSameResult) {
   auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_NE(stats->find("region_allreduce_ok 3\n"), std::string::npos) << *stats;
+  // Every operation that began ended, under the op id it began with (a region all-reduce once
+  // ended under another, leaving one entry behind per step).
+  EXPECT_NE(stats->find("numbered_ops_in_flight 0\n"), std::string::npos) << *stats;
 
   StopAll();
 }
