@@ -1,6 +1,6 @@
-// The exported NCCL net tables (v11, v10, v9, v8): thin adapters that only convert each version's
-// argument and property types and call the one internal API (api.h). Nothing else in the library
-// is visible (hidden visibility plus exports.map).
+// The exported NCCL net tables (v12, v11, v10, v9, v8): thin adapters that only convert each
+// version's argument and property types and call the one internal API (api.h). Nothing else in the
+// library is visible (hidden visibility plus exports.map).
 //
 // The CollNet tables (v11, v10, v8) adapt to collnet.h the same way; they share init, devices,
 // getProperties and finalize with the net tables, so NCCL sees the same device list under the
@@ -108,6 +108,29 @@ ncclResult_t IsendP(void* c, void* data, size_t size, int tag, void* /*mh*/, voi
 ncclResult_t IrecvP(void* c, int n, void** data, size_t* sizes, int* tags, void** /*mh*/,
                     void** /*ph*/, void** request) {
   return api::Irecv(c, n, data, sizes, nullptr, tags, request);
+}
+
+// ---- v12 (NCCL 2.30) ----
+// Everything but getProperties is v11's adapter: the signatures are the same (the comm config,
+// net attributes and device handle did not change), and makeVDevice stays NULL.
+ncclResult_t GetPropertiesV12(int dev, ncclNetProperties_v12_t* props) {
+  if (props == nullptr) return api::GetProperties(dev, nullptr);
+  DeviceProperties p;
+  const ncclResult_t r = api::GetProperties(dev, &p);
+  if (r != ncclSuccess) return r;
+  FillV9Up(p, props);  // vProps = {1, {0}}: one physical device, itself
+  props->maxMultiRequestSize = 1;
+  // Rail and plane ids describe how a cluster's physical NICs are cabled: NICs on the same rail
+  // reach the same leaf switch, and different planes are separate fabrics NCCL must never pair.
+  // Strait's device is one virtual NIC per process (a TCP or tunnel transport on
+  // STRAIT_SOCKET_IFNAME, no pciPath), not a port on a rail, so it has neither. A single-device
+  // NIC reports its own ids or none, and "none" is NCCL_NET_ID_UNDEF: NCCL then matches NICs by
+  // guid and port exactly as it does for a v11 plugin (its own v11-to-v12 shim fills the same
+  // value). Claiming rail 0 / plane 0 instead would tell NCCL that every host's Strait device
+  // sits on one rail and one fabric, which nothing here knows.
+  props->railId = kNcclNetIdUndef;
+  props->planeId = kNcclNetIdUndef;
+  return ncclSuccess;
 }
 
 // ---- v11 ----
@@ -263,6 +286,31 @@ extern "C" {
 
 // Designated initializers: a slot put in the wrong place fails to compile (several slots share a
 // signature, so positional initialisation would not catch it).
+__attribute__((visibility("default"))) ncclNet_v12_t ncclNetPlugin_v12 = {
+    .name = kPluginName,
+    .init = InitV11,
+    .devices = Devices,
+    .getProperties = GetPropertiesV12,
+    .listen = ListenV11,
+    .connect = ConnectV11,
+    .accept = Accept,
+    .regMr = RegMr,
+    .regMrDmaBuf = RegMrDmaBuf,
+    .deregMr = DeregMr,
+    .isend = IsendP,
+    .irecv = IrecvP,
+    .iflush = Iflush,
+    .test = Test,
+    .closeSend = CloseSend,
+    .closeRecv = CloseRecv,
+    .closeListen = CloseListen,
+    .getDeviceMr = GetDeviceMr,
+    .irecvConsumed = IrecvConsumed,
+    .makeVDevice = nullptr,
+    .finalize = FinalizeV11,
+    .setNetAttr = SetNetAttrV11,
+};
+
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
     .name = kPluginName,
     .init = InitV11,

@@ -1,7 +1,8 @@
 // The NCCL net-plugin ABI as this plugin sees it: our own declarations of the types, constants and
-// function tables NCCL 2.28 loads (net v8 to v11; CollNet v8, v10 and v11), written from the facts
-// in the project's ABI notes rather than copied from NCCL's headers, so the plugin builds without
-// NCCL or CUDA.
+// function tables NCCL loads (net v12 for NCCL 2.30, v8 to v11 for NCCL 2.28; CollNet v8, v10 and
+// v11), written from the facts in the project's ABI notes (shared/nccl-plugin-abi.md for v8-v11,
+// docs/nccl-net-v12.md for v12) rather than copied from NCCL's headers, so the plugin builds
+// without NCCL or CUDA.
 //
 // Every struct here is laid out exactly like NCCL's; the static_asserts at the bottom (and the
 // field-offset checks in tests/plugins/nccl_net_abi_test.cc) make a layout slip a build failure
@@ -50,7 +51,10 @@ constexpr int kNcclPtrHost = 0x1;
 constexpr int kNcclPtrCuda = 0x2;
 constexpr int kNcclPtrDmabuf = 0x4;
 constexpr int kNcclNetMaxRequests = 32;
-constexpr int kNcclNetMaxDevsPerNic = 4;
+constexpr int kNcclNetMaxDevsPerNic = 4;     // v9 to v11
+constexpr int kNcclNetMaxDevsPerNicV12 = 8;  // v12 doubled the physical devices per virtual NIC
+// v12: a railId or planeId NCCL must ignore (it then matches NICs by guid and port as before).
+constexpr int16_t kNcclNetIdUndef = -1;
 
 typedef enum {
   NCCL_NET_DEVICE_HOST = 0,
@@ -60,7 +64,7 @@ typedef enum {
 } ncclNetDeviceType;
 constexpr int kNcclNetDeviceInvalidVersion = 0;
 
-// Device-offload handle (identical in v8..v11). A host-only plugin never fills one.
+// Device-offload handle (identical in v8..v12). A host-only plugin never fills one.
 typedef struct {
   ncclNetDeviceType netDeviceType;
   int netDeviceVersion;
@@ -76,7 +80,7 @@ typedef struct {
 
 typedef struct {
   int trafficClass;     // -1: undefined
-} ncclNetCommConfig_t;  // v10 and v11
+} ncclNetCommConfig_t;  // v10, v11 and v12
 
 typedef struct {
   int32_t maxConcurrentPeers;
@@ -150,6 +154,42 @@ typedef struct {
   int netDeviceVersion;
 } ncclNetProperties_v8_t;
 
+// ---- v12 (NCCL 2.30) ----
+// Only the properties and the virtual-device list changed from v11; the comm config, net attributes
+// and device handle are v11's, byte for byte.
+typedef struct {
+  int ndevs;
+  int devs[kNcclNetMaxDevsPerNicV12];
+} ncclNetVDeviceProps_v12_t;
+
+typedef ncclNetAttr_v11_t ncclNetAttr_v12_t;
+
+// v11's fields, then two 16-bit ids that fill what was v11's tail padding (the struct grows from
+// 112 to 128 bytes because vProps grew by 16). NCCL keeps NICs of different planes apart
+// whenever both ids are defined, and with rails defined it pairs NICs by rail instead of by
+// guid/port; kNcclNetIdUndef means "no such structure".
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;  // Mbit/s
+  int port;
+  float latency;  // microseconds, added to NCCL's inter-node latency model
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_v12_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+  int maxMultiRequestSize;
+  int16_t railId;   // kNcclNetIdUndef or the NIC's rail
+  int16_t planeId;  // kNcclNetIdUndef or the NIC's network plane
+} ncclNetProperties_v12_t;
+
 // Function tables. Blocking notes (ours): init, devices, getProperties and listen return at once;
 // connect and accept never block (success with a NULL comm means "call again"); isend, irecv and
 // test never block (a NULL request means "retry later"); the close calls wait only until the I/O
@@ -185,6 +225,38 @@ typedef struct {
   ncclResult_t (*finalize)(void* ctx);
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v11_t* netAttr);
 } ncclNet_v11_t;
+
+// v12: v11's 22 slots in v11's order; only getProperties and makeVDevice take the v12 types.
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_t* config,
+                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v12_t* props);
+  ncclResult_t (*finalize)(void* ctx);
+  ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v12_t* netAttr);
+} ncclNet_v12_t;
 
 typedef struct {
   const char* name;
@@ -271,17 +343,21 @@ typedef struct {
 
 }  // extern "C"
 
-// Layout checks against NCCL 2.28.9 on LP64 (x86-64, aarch64). Offsets are checked field by field
-// in the ABI test; sizes here so that every translation unit that includes this file checks them.
+// Layout checks against NCCL 2.28.9 (and, for v12, 2.30.7) on LP64 (x86-64, aarch64). Offsets are
+// checked field by field in the ABI test; sizes here so that every translation unit that includes
+// this file checks them.
 static_assert(sizeof(void*) == 8, "the plugin ABI declarations assume an LP64 target");
 static_assert(sizeof(ncclResult_t) == 4 && sizeof(ncclNetDeviceType) == 4);
 static_assert(sizeof(ncclNetDeviceHandle_t) == 32);
 static_assert(sizeof(ncclNetVDeviceProps_t) == 20);
 static_assert(sizeof(ncclNetCommConfig_t) == 4);
 static_assert(sizeof(ncclNetAttr_v11_t) == 44);
+static_assert(sizeof(ncclNetVDeviceProps_v12_t) == 36);
+static_assert(sizeof(ncclNetProperties_v12_t) == 128);
 static_assert(sizeof(ncclNetProperties_v11_t) == 112);
 static_assert(sizeof(ncclNetProperties_v10_t) == 104);
 static_assert(sizeof(ncclNetProperties_v8_t) == 64);
+static_assert(sizeof(ncclNet_v12_t) == 22 * sizeof(void*));
 static_assert(sizeof(ncclNet_v11_t) == 22 * sizeof(void*));
 static_assert(sizeof(ncclNet_v10_t) == 20 * sizeof(void*));
 static_assert(sizeof(ncclNet_v9_t) == 20 * sizeof(void*));

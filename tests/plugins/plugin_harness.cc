@@ -35,6 +35,7 @@ const LoadedPlugin& LoadPlugin(const std::string& path) {
       p->error = dlerror();
       return p;
     }
+    p->v12 = static_cast<ncclNet_v12_t*>(dlsym(p->dl, "ncclNetPlugin_v12"));
     p->v11 = static_cast<ncclNet_v11_t*>(dlsym(p->dl, "ncclNetPlugin_v11"));
     p->v10 = static_cast<ncclNet_v10_t*>(dlsym(p->dl, "ncclNetPlugin_v10"));
     p->v9 = static_cast<ncclNet_v9_t*>(dlsym(p->dl, "ncclNetPlugin_v9"));
@@ -110,8 +111,12 @@ long long FirstMismatch(const void* data, size_t size, uint64_t seed) {
   return -1;
 }
 
-std::string ConnectAccept(const ncclNet_v11_t* net, void* ctx, void* handle, void* listen_comm,
-                          Pair* pair) {
+namespace {
+
+// v11 and v12 connect and accept alike (same signatures); only the table type differs.
+template <typename Net>
+std::string ConnectAcceptAnyVersion(const Net* net, void* ctx, void* handle, void* listen_comm,
+                                    Pair* pair) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(kDeadlineSeconds);
   while (pair->send == nullptr || pair->recv == nullptr) {
@@ -131,6 +136,18 @@ std::string ConnectAccept(const ncclNet_v11_t* net, void* ctx, void* handle, voi
     std::this_thread::yield();
   }
   return "";
+}
+
+}  // namespace
+
+std::string ConnectAccept(const ncclNet_v11_t* net, void* ctx, void* handle, void* listen_comm,
+                          Pair* pair) {
+  return ConnectAcceptAnyVersion(net, ctx, handle, listen_comm, pair);
+}
+
+std::string ConnectAccept(const ncclNet_v12_t* net, void* ctx, void* handle, void* listen_comm,
+                          Pair* pair) {
+  return ConnectAcceptAnyVersion(net, ctx, handle, listen_comm, pair);
 }
 
 }  // namespace strait::nccl::testing

@@ -17,6 +17,7 @@ namespace strait::nccl::testing {
 
 struct LoadedPlugin {
   void* dl = nullptr;
+  ncclNet_v12_t* v12 = nullptr;
   ncclNet_v11_t* v11 = nullptr;
   ncclNet_v10_t* v10 = nullptr;
   ncclNet_v9_t* v9 = nullptr;
@@ -24,7 +25,7 @@ struct LoadedPlugin {
   std::string error;  // why loading failed, when dl == nullptr
 };
 
-// dlopen()s `path` once per process (RTLD_NOW | RTLD_LOCAL) and resolves the four tables.
+// dlopen()s `path` once per process (RTLD_NOW | RTLD_LOCAL) and resolves the five net tables.
 const LoadedPlugin& LoadPlugin(const std::string& path);
 
 // A logger to pass to init(): records every line (level + formatted text).
@@ -53,6 +54,8 @@ struct Pair {
   int accept_nulls = 0;
 };
 std::string ConnectAccept(const ncclNet_v11_t* net, void* ctx, void* handle, void* listen_comm,
+                          Pair* pair);
+std::string ConnectAccept(const ncclNet_v12_t* net, void* ctx, void* handle, void* listen_comm,
                           Pair* pair);
 
 // Polls `request` until done. Returns the last result (ncclInternalError after the deadline).
