@@ -48,20 +48,12 @@ void EndpointCore::AcceptNext() {
     if (self->shut_down_) return;
     if (ec == asio::error::operation_aborted) return;  // the acceptor was closed
     if (ec) {
-      // One WARN when the failures start, then one per 10 s of them.
-      if (self->accept_failures_++ % 100 == 0) {
-        STRAIT_LOG(kWarn, "net") << "accepting a WAN connection failed: " << ec.message() << " ("
-                                 << self->accept_failures_ << " in a row); pausing accepts for "
-                                 << "100 ms each time (raise the descriptor limit, LimitNOFILE)";
-      }
-      self->accept_backoff_.expires_after(std::chrono::milliseconds(100));
-      self->accept_backoff_.async_wait([self](const asio::error_code& wait_ec) {
-        if (!wait_ec && !self->shut_down_) self->AcceptNext();
+      return self->accept_pause_.OnFailure(ec, [self] {
+        if (!self->shut_down_) self->AcceptNext();
       });
-      return;
     }
+    self->accept_pause_.OnSuccess();
     {
-      self->accept_failures_ = 0;
       asio::error_code pec;
       const tcp::endpoint remote = socket.remote_endpoint(pec);
       const std::string peer = pec ? std::string("unknown peer")
@@ -111,7 +103,7 @@ void EndpointCore::Released(LinkCore* link) {
 
 void EndpointCore::BeginShutdown() {
   shut_down_ = true;
-  accept_backoff_.cancel();
+  accept_pause_.Cancel();
   if (acceptor_) {
     asio::error_code ec;
     acceptor_->close(ec);

@@ -21,6 +21,7 @@
 #include <asio/ssl.hpp>
 
 #include "common/log_limiter.h"
+#include "net/accept_pause.h"
 #include "net/link.h"
 
 namespace strait::net {
@@ -111,11 +112,8 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   EndpointCounters counters_;
   LogRateLimiter refusal_log_{10'000'000'000};  // Refuse's WARN lines, per address and reason
   bool shut_down_ = false;
-  // Accept failures in a row (out of descriptors or memory) and the pause after each: the
-  // connection stays in the backlog and accept would fail again at once -- without the pause
-  // the loop spun at 84% of a core and logged 800,000 lines in 8 s.
-  uint64_t accept_failures_ = 0;
-  asio::steady_timer accept_backoff_{io_};
+  // Out of descriptors or memory: accepting pauses instead of spinning (net/accept_pause.h).
+  AcceptPause accept_pause_{io_.get_executor(), "a WAN connection", "net"};
 };
 
 }  // namespace strait::net
