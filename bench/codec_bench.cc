@@ -1,58 +1,36 @@
-// `strait-bench codec`: measures every codec row on gradient-like data against memcpy, checks
-// that every decode is right, and prints a table or JSON. See codec_bench.h for the rows.
+// `strait-bench codec`: measures every codec row on gradient-like data against memcpy and checks
+// that every decode is right. See codec_bench.h for the rows; the goals and the report's table
+// and JSON are in codec_bench_report.cc, the command line and row parsing in codec_bench_cli.cc.
 #include "bench/codec_bench.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "bench/codec_bench_internal.h"
 #include "bench/gradient.h"
 #include "common/clock.h"
 #include "common/units.h"
 #include "strait/reduce.h"
-#include "tools/cli/cli.h"
 
 namespace strait::bench {
 namespace {
 
-constexpr const char* kRowForms =
-    "none, zstd[+noshuffle], int8|int4|fp8[+zstd][+ef], decode-acc[+none|zstd|int8|int4|fp8], "
-    "reduce";
-constexpr uint64_t kMinSizeBytes = 64;
-// About a dozen buffers of up to twice this size are live at once (fp32 copies of 16-bit data).
-constexpr uint64_t kMaxSizeBytes = uint64_t{512} << 20;
+using codec_bench_internal::AddGoals;
+
 // The memcpy baseline is cheap, and every ratio divides by it, so it gets more tries than a row.
 constexpr int kMinMemcpyIters = 10;
-// Below this share of wall-clock time on the CPU the report warns that the machine was busy.
-constexpr double kBusyOnCpu = 0.9;
-
-// Goals from the codec issue, judged on float32 rows at the default settings.
-constexpr double kEfEncodeGoal = 0.4;        // x memcpy
-constexpr double kDecodeAccGoal = 0.4;       // x memcpy
-constexpr double kZstdShuffledGoal = 800e6;  // bytes per second, level 1
 
 // Keeps the compiler from treating a buffer's contents as dead (a memcpy whose destination is
 // never read could otherwise be dropped).
 inline void Clobber(const void* p) {
   asm volatile("" : : "r"(p) : "memory");
-}
-
-std::string Sci(double v) {
-  if (v == 0) return "0";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2e", v);
-  return buf;
-}
-
-std::string GBps(double bytes_per_second) {
-  return Fixed(bytes_per_second / 1e9, 2);
 }
 
 // Wall and thread CPU time spent in timed iterations: when they differ, other processes took
@@ -428,152 +406,7 @@ class MemcpyBaseline {
   int samples_ = 0;
 };
 
-const CodecBenchRow* FindRow(const CodecBenchReport& r, std::string_view name, DataType dtype) {
-  for (const CodecBenchRow& row : r.rows) {
-    if (row.name == name && row.dtype == dtype) return &row;
-  }
-  return nullptr;
-}
-
-void AddGoals(CodecBenchReport* r) {
-  const double memcpy_bps = r->memcpy_speed.best;
-  auto vs_memcpy = [&](std::string row_name, std::string name, const std::optional<Speed>& speed,
-                       double goal) {
-    CodecGoal g;
-    g.row = std::move(row_name);
-    g.name = std::move(name);
-    g.target = ">= " + Fixed(goal, 2) + " x memcpy";
-    if (speed && memcpy_bps > 0) {
-      const double ratio = speed->best / memcpy_bps;
-      g.measured = GBps(speed->best) + " GB/s = " + Fixed(ratio, 2) + " x memcpy";
-      g.pass = ratio >= goal;
-    }
-    return g;
-  };
-  const DataType f32 = DataType::kFloat32;
-  const CodecBenchRow* ef = FindRow(*r, "int8+ef", f32);
-  CodecGoal g1 =
-      vs_memcpy("int8+ef", "int8+ef encode", ef ? ef->encode : std::nullopt, kEfEncodeGoal);
-  const CodecBenchRow* acc = FindRow(*r, "decode-acc", f32);
-  CodecGoal g2 = vs_memcpy("decode-acc", "int8 decode-accumulate", acc ? acc->decode : std::nullopt,
-                           kDecodeAccGoal);
-  CodecGoal g3;
-  g3.row = "zstd";
-  g3.name = "zstd -1 shuffled encode";
-  g3.target = ">= " + Fixed(kZstdShuffledGoal / 1e6, 0) + " MB/s";
-  const CodecBenchRow* zstd = FindRow(*r, "zstd", f32);
-  if (zstd != nullptr && r->options.zstd_level == 1) {
-    g3.measured = Fixed(zstd->encode->best / 1e6, 0) + " MB/s";
-    g3.pass = zstd->encode->best >= kZstdShuffledGoal;
-  } else if (zstd != nullptr) {
-    g3.measured = "not judged: --zstd-level is " + std::to_string(r->options.zstd_level);
-  }
-  for (CodecGoal* g : {&g1, &g2, &g3}) {
-    if (!g->pass && g->measured.empty()) {
-      g->measured = "not measured: needs row '" + g->row + "' with dtype float32";
-    }
-    r->goals.push_back(std::move(*g));
-  }
-}
-
-const CodecGoal* GoalFor(const CodecBenchReport& r, const CodecBenchRow& row) {
-  for (const CodecGoal& g : r.goals) {
-    if (g.row == row.name && g.dtype == row.dtype && g.pass) return &g;
-  }
-  return nullptr;
-}
-
-const char* PassText(const std::optional<bool>& pass) {
-  if (!pass) return "n/a";
-  return *pass ? "PASS" : "MISS";
-}
-
-const char* RoundingName(Rounding r) {
-  return r == Rounding::kNearest ? "nearest" : "stochastic";
-}
-
-
-CLI::Validator BlockSizeValidator() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        uint64_t v = 0;
-        const char* end = text.data() + text.size();
-        auto [ptr, ec] = std::from_chars(text.data(), end, v);
-        if (ec != std::errc() || ptr != end || v < kMinBlockSize || v > kMaxBlockSize ||
-            (v & (v - 1)) != 0) {
-          return "expected a power of two from " + std::to_string(kMinBlockSize) + " to " +
-                 std::to_string(kMaxBlockSize) + ", got '" + text + "'";
-        }
-        return std::string();
-      },
-      "");
-}
-
-CLI::Validator RoundingValidator() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        if (text == "nearest" || text == "stochastic") return std::string();
-        return "expected nearest or stochastic, got '" + text + "'";
-      },
-      "");
-}
-
 }  // namespace
-
-StatusOr<CodecRowSpec> ParseCodecRowSpec(std::string_view text) {
-  auto bad = [&](std::string why) {
-    return InvalidArgumentError("'" + std::string(text) + "': " + why + "; accepted: " + kRowForms);
-  };
-  std::vector<std::string> parts;
-  for (size_t pos = 0; pos <= text.size();) {
-    size_t plus = text.find('+', pos);
-    if (plus == std::string_view::npos) plus = text.size();
-    parts.emplace_back(text.substr(pos, plus - pos));
-    pos = plus + 1;
-  }
-  CodecRowSpec spec;
-  if (parts[0] == "reduce") {
-    if (parts.size() > 1) return bad("reduce takes no modifiers");
-    spec.kind = CodecRowSpec::Kind::kReduce;
-    spec.name = "reduce";
-    return spec;
-  }
-  if (parts[0] == "decode-acc") {
-    spec.kind = CodecRowSpec::Kind::kDecodeAccumulate;
-    if (parts.size() > 2) return bad("decode-acc takes at most one codec");
-    spec.codec.codec = CodecId::kInt8;
-    if (parts.size() == 2) {
-      std::optional<CodecId> codec = ParseCodecId(parts[1]);
-      if (!codec) return bad("unknown codec '" + parts[1] + "'");
-      spec.codec.codec = *codec;
-    }
-    spec.name = spec.codec.codec == CodecId::kInt8
-                    ? "decode-acc"
-                    : std::string("decode-acc+") + CodecName(spec.codec.codec);
-    return spec;
-  }
-  std::optional<CodecId> codec = ParseCodecId(parts[0]);
-  if (!codec) return bad("unknown codec '" + parts[0] + "'");
-  spec.codec.codec = *codec;
-  const bool lossy = IsLossyCodec(*codec);
-  bool noshuffle = false;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const std::string& m = parts[i];
-    if (m == "noshuffle" && *codec == CodecId::kZstd) {
-      noshuffle = true;
-    } else if (m == "zstd" && lossy) {
-      spec.codec.chain_zstd = true;
-    } else if (m == "ef" && lossy) {
-      spec.feedback = true;
-    } else {
-      return bad("modifier '" + m + "' does not apply to " + parts[0]);
-    }
-  }
-  spec.codec.byte_shuffle = *codec == CodecId::kZstd && !noshuffle;
-  spec.name = std::string(CodecName(*codec)) + (noshuffle ? "+noshuffle" : "") +
-              (spec.codec.chain_zstd ? "+zstd" : "") + (spec.feedback ? "+ef" : "");
-  return spec;
-}
 
 StatusOr<CodecBenchReport> RunCodecBench(const CodecBenchOptions& options, ProgressLine* progress) {
   CodecBenchReport report;
@@ -610,231 +443,6 @@ StatusOr<CodecBenchReport> RunCodecBench(const CodecBenchOptions& options, Progr
   report.on_cpu = share.wall > 0 ? std::min(1.0, share.cpu / share.wall) : 1.0;
   AddGoals(&report);
   return report;
-}
-
-std::string FormatCodecReportTable(const CodecBenchReport& r) {
-  const CodecBenchOptions& o = r.options;
-  const double memcpy_bps = r.memcpy_speed.best;
-  std::ostringstream out;
-  out << "strait-bench codec: " << FormatBytes(o.size_bytes) << " per row, single thread, best of "
-      << o.iters << " after 1 warm-up\n";
-  out << AlignColumns(
-      {
-          {"cpu", r.cpu},
-          {"codec isa", r.isa},
-          {"date", r.date},
-          {"data", "gradient-like, seed " + std::to_string(o.seed) + "; block " +
-                       std::to_string(o.block_size) + ", rounding " + RoundingName(o.rounding) +
-                       ", zstd level " + std::to_string(o.zstd_level)},
-          {"memcpy", GBps(memcpy_bps) + " GB/s (best of " + std::to_string(r.memcpy_runs) + ", " +
-                         FormatBytes(o.size_bytes) +
-                         "); speeds are GB/s (1e9 B/s) of input "
-                         "and (x memcpy)"},
-          {"on cpu", Fixed(100 * r.on_cpu, 0) + "% of timed wall-clock time" +
-                         (r.on_cpu < kBusyOnCpu ? ": WARNING: the machine was busy, figures "
-                                                  "understate the codec"
-                                                : "")},
-      },
-      2);
-  out << '\n';
-
-  auto speed = [&](const std::optional<Speed>& s) -> std::string {
-    if (!s) return "-";
-    return GBps(s->best) + " (" + Fixed(memcpy_bps > 0 ? s->best / memcpy_bps : 0, 2) + "x)";
-  };
-  auto opt = [](const std::optional<double>& v) { return v ? Sci(*v) : std::string("-"); };
-  std::vector<std::vector<std::string>> table = {{"row", "dtype", "ratio", "encode GB/s",
-                                                  "decode GB/s", "max abs err", "mean abs err",
-                                                  "max err/absmax", "goal"}};
-  for (const CodecBenchRow& row : r.rows) {
-    const CodecGoal* goal = GoalFor(r, row);
-    table.push_back(
-        {row.name, DataTypeName(row.dtype),
-         row.frame_bytes
-             ? Fixed(static_cast<double>(row.input_bytes) / static_cast<double>(*row.frame_bytes),
-                     2)
-             : "-",
-         speed(row.encode), speed(row.decode), opt(row.max_abs_error), opt(row.mean_abs_error),
-         opt(row.max_error_vs_absmax), goal ? PassText(goal->pass) : ""});
-  }
-  out << AlignColumns(table, 2);
-  out << "decode column: Decode for codec rows, DecodeAccumulate into fp32 for decode-acc, "
-         "ReduceInPlace sum for reduce.\nerrors: against the fp32 source, so bf16/fp16 rows "
-         "include the conversion; lossless rows checked bit-exact.\n\n";
-
-  out << "goals (single thread, float32):\n";
-  std::vector<std::vector<std::string>> goals;
-  for (const CodecGoal& g : r.goals) {
-    goals.push_back({"  " + g.name, g.target, g.measured, PassText(g.pass)});
-  }
-  out << AlignColumns(goals, 4);
-  return out.str();
-}
-
-std::string FormatCodecReportJson(const CodecBenchReport& r) {
-  using Json = nlohmann::ordered_json;
-  const double memcpy_bps = r.memcpy_speed.best;
-  auto speed = [&](const std::optional<Speed>& s) -> Json {
-    if (!s) return nullptr;
-    return Json{{"best_gbps", s->best / 1e9},
-                {"median_gbps", s->median / 1e9},
-                {"best_vs_memcpy", memcpy_bps > 0 ? s->best / memcpy_bps : 0.0}};
-  };
-  auto opt = [](const auto& v) -> Json {
-    if (!v) return nullptr;
-    return *v;
-  };
-  const CodecBenchOptions& o = r.options;
-  Json j;
-  cli::SetReportHeader(j, kToolName, r.date);
-  j["command"] = "codec";
-  j["cpu"] = r.cpu;
-  j["codec_isa"] = r.isa;
-  j["size_bytes"] = o.size_bytes;
-  j["iters"] = o.iters;
-  j["seed"] = o.seed;
-  j["zstd_level"] = o.zstd_level;
-  j["block_size"] = o.block_size;
-  j["rounding"] = RoundingName(o.rounding);
-  j["threads"] = 1;
-  j["on_cpu_fraction"] = r.on_cpu;
-  j["memcpy"] = Json{{"best_gbps", r.memcpy_speed.best / 1e9},
-                     {"median_gbps", r.memcpy_speed.median / 1e9},
-                     {"runs", r.memcpy_runs}};
-  Json rows = Json::array();
-  for (const CodecBenchRow& row : r.rows) {
-    Json jr;
-    jr["row"] = row.name;
-    jr["dtype"] = DataTypeName(row.dtype);
-    jr["elements"] = row.elements;
-    jr["input_bytes"] = row.input_bytes;
-    jr["frame_bytes"] = opt(row.frame_bytes);
-    jr["ratio"] =
-        row.frame_bytes
-            ? Json(static_cast<double>(row.input_bytes) / static_cast<double>(*row.frame_bytes))
-            : Json(nullptr);
-    jr["encode"] = speed(row.encode);
-    jr["decode"] = speed(row.decode);
-    jr["lossless"] = row.lossless;
-    jr["max_abs_error"] = opt(row.max_abs_error);
-    jr["mean_abs_error"] = opt(row.mean_abs_error);
-    jr["max_error_vs_absmax"] = opt(row.max_error_vs_absmax);
-    rows.push_back(std::move(jr));
-  }
-  j["rows"] = std::move(rows);
-  Json goals = Json::array();
-  for (const CodecGoal& g : r.goals) {
-    goals.push_back(Json{{"name", g.name},
-                         {"row", g.row},
-                         {"dtype", DataTypeName(g.dtype)},
-                         {"target", g.target},
-                         {"measured", g.measured},
-                         {"pass", opt(g.pass)}});
-  }
-  j["goals"] = std::move(goals);
-  return j.dump(2) + "\n";
-}
-
-CommandMain SetupCodecCommand(CLI::App& cmd) {
-  struct Flags {
-    uint64_t size = uint64_t{64} << 20;
-    std::string codecs = kDefaultCodecRows;
-    std::string dtypes = "fp32,bf16,fp16";
-    int iters = 5;
-    int zstd_level = 1;
-    uint32_t block = kDefaultBlockSize;
-    std::string rounding = "nearest";
-    uint64_t seed = 1;
-  };
-  auto flags = std::make_shared<Flags>();
-  cmd.add_option("--size", flags->size, "Bytes of input tensor per row (e.g. 16MiB, 1M, 4096)")
-      ->transform(SizeValidator(kMinSizeBytes, kMaxSizeBytes))
-      ->type_name("SIZE")
-      ->default_str("64MiB");
-  cmd.add_option("--codecs", flags->codecs, std::string("Comma-separated rows: ") + kRowForms)
-      ->type_name("LIST")
-      ->default_str(kDefaultCodecRows);
-  cmd.add_option("--dtypes", flags->dtypes, "Comma-separated input types: fp32, bf16, fp16")
-      ->type_name("LIST")
-      ->default_str("fp32,bf16,fp16");
-  cmd.add_option("--iters", flags->iters, "Timed iterations per figure, after one warm-up")
-      ->check(IntValidator(1, 1000))
-      ->type_name("N")
-      ->default_str("5");
-  cmd.add_option("--zstd-level", flags->zstd_level, "zstd level for zstd rows and +zstd chains")
-      ->check(IntValidator(kMinZstdLevel, kMaxZstdLevel))
-      ->type_name("LEVEL")
-      ->default_str("1");
-  cmd.add_option("--block", flags->block, "Elements per scale for the lossy codecs")
-      ->check(BlockSizeValidator())
-      ->type_name("N")
-      ->default_str(std::to_string(kDefaultBlockSize));
-  cmd.add_option("--rounding", flags->rounding, "Lossy rounding: nearest or stochastic")
-      ->check(RoundingValidator())
-      ->type_name("MODE")
-      ->default_str("nearest");
-  cmd.add_option("--seed", flags->seed, "Seed of the data and of stochastic rounding")
-      ->check(UintValidator(0, UINT64_MAX))
-      ->type_name("S")
-      ->default_str("1");
-
-  return [flags](const GlobalFlags& globals) -> int {
-    CodecBenchOptions o;
-    o.size_bytes = flags->size;
-    o.iters = flags->iters;
-    o.zstd_level = flags->zstd_level;
-    o.block_size = flags->block;
-    o.rounding = flags->rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearest;
-    o.seed = flags->seed;
-    for (const std::string& item : SplitList(flags->codecs)) {
-      StatusOr<CodecRowSpec> spec = ParseCodecRowSpec(item);
-      if (!spec.ok()) return UsageError("codec", "--codecs", spec.status().message());
-      const bool seen = std::any_of(o.rows.begin(), o.rows.end(),
-                                    [&](const CodecRowSpec& s) { return s.name == spec->name; });
-      if (!seen) o.rows.push_back(*std::move(spec));
-    }
-    if (o.rows.empty())
-      return UsageError("codec", "--codecs", std::string("empty; accepted: ") + kRowForms);
-    for (const std::string& item : SplitList(flags->dtypes)) {
-      std::optional<DataType> t = ParseDataType(item);
-      if (!t || !IsLossyCodableType(*t)) {
-        return UsageError("codec", "--dtypes",
-                          "expected a list of fp32, bf16, fp16, got '" + item + "'");
-      }
-      if (std::find(o.dtypes.begin(), o.dtypes.end(), *t) == o.dtypes.end()) {
-        o.dtypes.push_back(*t);
-      }
-    }
-    if (o.dtypes.empty()) {
-      return UsageError("codec", "--dtypes", "empty; expected a list of fp32, bf16, fp16");
-    }
-    // Option combinations the codec refuses are flag errors too, reported before any work.
-    for (const CodecRowSpec& spec : o.rows) {
-      if (spec.kind == CodecRowSpec::Kind::kReduce) continue;
-      CodecOptions co = spec.codec;
-      co.zstd_level = o.zstd_level;
-      co.block_size = o.block_size;
-      co.rounding = o.rounding;
-      co.seed = o.seed;
-      for (DataType t : o.dtypes) {
-        if (Status s = ValidateCodecOptions(co, t); !s.ok()) {
-          return UsageError("codec", "--codecs " + spec.name + " with " + DataTypeName(t),
-                            s.message());
-        }
-      }
-    }
-
-    ProgressLine progress;
-    StatusOr<CodecBenchReport> report = RunCodecBench(o, &progress);
-    progress.Clear();
-    if (!report.ok()) {
-      std::cerr << "strait-bench codec: FAILED: " << report.status().ToString() << '\n';
-      return kExitFailure;
-    }
-    std::cout << (globals.json ? FormatCodecReportJson(*report) : FormatCodecReportTable(*report));
-    std::cout.flush();
-    return kExitOk;
-  };
 }
 
 }  // namespace strait::bench

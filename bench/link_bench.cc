@@ -1,6 +1,7 @@
 // `strait-bench link`: the server that sinks data and the client that measures goodput per
 // stream count, codec effectiveness on the link, and the recommended configuration. See
-// link_bench.h for the protocol.
+// link_bench.h for the protocol; the report's table and JSON are in link_bench_report.cc, the
+// command line in link_bench_cli.cc.
 #include "bench/link_bench.h"
 
 #include <pthread.h>
@@ -23,6 +24,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/gradient.h"
+#include "bench/link_bench_internal.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -35,9 +37,6 @@
 namespace strait::bench {
 namespace {
 
-constexpr const char* kCommand = "link";
-constexpr const char* kDefaultClientRegion = "bench-client";
-constexpr const char* kDefaultServerRegion = "bench-server";
 // Warm-up when --warmup is not given: half the window, within these bounds. Two seconds cover
 // slow start and BBR's startup at 100-200 ms RTT.
 constexpr int64_t kMinAutoWarmupNs = 100'000'000;
@@ -58,9 +57,9 @@ constexpr double kNearBest = 0.97;
 // ChooseCodec is linear in the message size; this only names the unit of the comparison.
 constexpr uint64_t kCodecModelBytes = uint64_t{64} << 20;
 
-std::string Mbit(double bps) { return Fixed(bps / 1e6, 1); }
-std::string Ms(int64_t ns) { return ns > 0 ? Fixed(static_cast<double>(ns) / 1e6, 1) : "-"; }
-
+using link_bench_internal::Mbit;
+using link_bench_internal::Ms;
+using link_bench_internal::Where;
 
 double ProcessCpuSeconds() {
   rusage ru{};
@@ -189,10 +188,6 @@ void CloseAndDrain(net::Link& link) {
   while (link.Estimates().streams_up > 0 && !deadline.Expired()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-}
-
-std::string Where(const LinkBenchOptions& o) {
-  return o.host + ":" + std::to_string(o.port);
 }
 
 StatusOr<StreamResult> MeasureStreams(const LinkBenchOptions& o, const StreamSpec& spec,
@@ -563,362 +558,6 @@ Status RunLinkServer(const net::EndpointOptions& options, const std::string& add
   }
   endpoint.reset();
   return Status::Ok();
-}
-
-std::string FormatLinkReportTable(const LinkBenchReport& r) {
-  const LinkBenchOptions& o = r.options;
-  std::ostringstream out;
-  out << "strait-bench link: " << o.endpoint.region << " -> " << o.endpoint.peer_regions.front()
-      << " at " << Where(o) << ", "
-      << (r.transport == "tls" ? "TLS 1.3" : "plain TCP (no encryption)")
-      << ", congestion control " << r.congestion_control << "\n";
-  std::vector<std::vector<std::string>> header = {
-      {"date", r.date},
-      {"cpu", r.cpu},
-      {"window", FormatDuration(o.duration_ns) + " per test after " +
-                     FormatDuration(r.warmup_ns) + " warm-up; " + FormatBytes(o.message_bytes) +
-                     " messages, " + FormatBytes(o.inflight_bytes) + " submitted at a time"},
-      {"chunk", o.chunk_bytes == 0 ? "adaptive (bandwidth x RTT / streams / 4)"
-                                   : FormatBytes(o.chunk_bytes)},
-      {"link rate", o.link_rate_bps ? FormatRate(*o.link_rate_bps) + " (--link-rate)"
-                                    : "unknown (give --link-rate to see goodput / link)"},
-  };
-  out << AlignColumns(header, 2) << '\n';
-
-  std::vector<std::vector<std::string>> table = {{"streams", "goodput Mbit/s", "x link",
-                                                  "rtt min ms", "rtt avg ms", "tcp rtt ms",
-                                                  "retrans", "chunk", "client cpu"}};
-  for (const StreamResult& t : r.tests) {
-    table.push_back(
-        {t.spec.adaptive() ? "adaptive (K=" + std::to_string(t.streams_end) + ")" : t.spec.Label(),
-         Mbit(t.goodput_bps),
-         o.link_rate_bps ? Fixed(t.goodput_bps / *o.link_rate_bps, 3) : "-", Ms(t.rtt_min_ns),
-         Ms(t.rtt_smoothed_ns), Ms(t.tcp_rtt_ns), std::to_string(t.retransmissions),
-         FormatBytes(t.chunk_bytes), Fixed(100 * t.cpu_fraction, 0) + "%"});
-  }
-  out << AlignColumns(table, 1);
-  out << "goodput: payload bytes the server acknowledged per second; rtt: lib/net pings queued "
-         "behind data; tcp rtt: the kernel's;\nretrans: TCP segments retransmitted in the "
-         "window; client cpu: this process, share of one core.\n";
-
-  if (!r.codecs.empty()) {
-    out << "\ncodecs on this link (fp32 gradient-like data, " + FormatBytes(o.codec_bytes) +
-               ", one thread each side, at the best goodput above):\n";
-    std::vector<std::vector<std::string>> codecs = {{"codec", "lossless", "ratio", "encode MB/s",
-                                                     "decode MB/s", "effective Mbit/s",
-                                                     "bottleneck"}};
-    for (const CodecLinkResult& c : r.codecs) {
-      const bool raw = c.codec == "none";
-      codecs.push_back({c.codec, c.lossless ? "yes" : "no", raw ? "1.00" : Fixed(c.ratio, 2),
-                        raw ? "-" : Fixed(c.encode_bytes_per_s / 1e6, 0),
-                        raw ? "-" : Fixed(c.decode_bytes_per_s / 1e6, 0), Mbit(c.effective_bps),
-                        c.bottleneck});
-    }
-    out << AlignColumns(codecs, 2);
-    out << "effective: input bytes / max(encode time, wire time at the goodput, decode time).\n";
-  }
-
-  const Recommendation& rec = r.recommended;
-  out << "\nrecommended configuration:\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"  streams", rec.streams.empty() ? "-" : rec.streams,
-       "(" + Mbit(rec.goodput_bps) + " Mbit/s measured)"},
-      {"  chunk", rec.chunk_bytes > 0 ? FormatBytes(rec.chunk_bytes) : "-",
-       "(a quarter of one stream's share of bandwidth x RTT)"},
-      {"  codec", rec.codec,
-       "(" + Mbit(rec.effective_bps) + " Mbit/s of input; net::ChooseCodec among --codecs)"},
-      {"  congestion control", rec.congestion_control, ""},
-  };
-  out << AlignColumns(rows, 3);
-  return out.str();
-}
-
-std::string FormatLinkReportJson(const LinkBenchReport& r) {
-  using Json = nlohmann::ordered_json;
-  const LinkBenchOptions& o = r.options;
-  Json j;
-  cli::SetReportHeader(j, kToolName, r.date);
-  j["command"] = "link";
-  j["cpu"] = r.cpu;
-  j["region"] = o.endpoint.region;
-  j["peer_region"] = o.endpoint.peer_regions.front();
-  j["server"] = Where(o);
-  j["transport"] = r.transport;
-  j["congestion_control"] = r.congestion_control;
-  j["duration_s"] = static_cast<double>(o.duration_ns) * 1e-9;
-  j["warmup_s"] = static_cast<double>(r.warmup_ns) * 1e-9;
-  j["message_bytes"] = o.message_bytes;
-  j["inflight_bytes"] = o.inflight_bytes;
-  j["chunk_bytes"] = o.chunk_bytes == 0 ? Json("adaptive") : Json(o.chunk_bytes);
-  j["link_rate_bps"] = o.link_rate_bps ? Json(*o.link_rate_bps) : Json(nullptr);
-  Json tests = Json::array();
-  for (const StreamResult& t : r.tests) {
-    tests.push_back(Json{
-        {"streams", t.spec.Label()},
-        {"streams_end", t.streams_end},
-        {"seconds", t.seconds},
-        {"bytes_acked", t.bytes_acked},
-        {"goodput_bps", t.goodput_bps},
-        {"goodput_vs_link",
-         o.link_rate_bps ? Json(t.goodput_bps / *o.link_rate_bps) : Json(nullptr)},
-        {"rtt_min_ms", static_cast<double>(t.rtt_min_ns) * 1e-6},
-        {"rtt_smoothed_ms", static_cast<double>(t.rtt_smoothed_ns) * 1e-6},
-        {"tcp_rtt_ms", static_cast<double>(t.tcp_rtt_ns) * 1e-6},
-        {"retransmissions", t.retransmissions},
-        {"stream_failures", t.stream_failures},
-        {"chunk_bytes", t.chunk_bytes},
-        {"client_cpu_fraction", t.cpu_fraction},
-    });
-  }
-  j["tests"] = std::move(tests);
-  Json codecs = Json::array();
-  for (const CodecLinkResult& c : r.codecs) {
-    codecs.push_back(Json{{"codec", c.codec},
-                          {"lossless", c.lossless},
-                          {"ratio", c.ratio},
-                          {"encode_bytes_per_s", c.encode_bytes_per_s},
-                          {"decode_bytes_per_s", c.decode_bytes_per_s},
-                          {"effective_bps", c.effective_bps},
-                          {"bottleneck", c.bottleneck}});
-  }
-  j["codecs"] = std::move(codecs);
-  const Recommendation& rec = r.recommended;
-  j["recommended"] = Json{{"streams", rec.streams},
-                          {"chunk_bytes", rec.chunk_bytes},
-                          {"codec", rec.codec},
-                          {"congestion_control", rec.congestion_control},
-                          {"goodput_bps", rec.goodput_bps},
-                          {"effective_bps", rec.effective_bps}};
-  return j.dump(2) + "\n";
-}
-
-CommandMain SetupLinkCommand(CLI::App& cmd) {
-  struct Flags {
-    bool serve = false;
-    bool one_off = false;
-    std::string connect;
-    std::string listen = "0.0.0.0:" + std::to_string(kLinkBenchDefaultPort);
-    bool plain = false;
-    std::string ca, cert, key, region, peer_region;
-    std::string duration = "5s";
-    std::string warmup;
-    std::string streams = kLinkBenchDefaultStreams;
-    std::string cc;
-    std::string codecs = kLinkBenchDefaultCodecs;
-    std::string chunk = "auto";
-    int max_streams = 64;
-    uint64_t message = uint64_t{4} << 20;
-    uint64_t inflight = uint64_t{64} << 20;
-    uint64_t inflight_per_stream = 0;
-    std::string notsent_lowat;
-    std::string link_rate;
-    uint64_t codec_size = uint64_t{16} << 20;
-  };
-  auto f = std::make_shared<Flags>();
-  cmd.description(
-      "Goodput of a strait::net link per stream count and adaptive, RTT, retransmissions, "
-      "each codec's effective throughput on it, and a recommended configuration. Run "
-      "`--serve` on one host and `--connect HOST:PORT` on the other (like iperf3).");
-  auto* serve = cmd.add_flag("--serve", f->serve, "Serve: sink the client's data until stopped");
-  auto* connect = cmd.add_option("--connect", f->connect, "Measure against a server")
-                      ->type_name("HOST:PORT");
-  serve->excludes(connect);
-  cmd.add_flag("--one-off", f->one_off, "Serve one client run, then exit")->needs(serve);
-  cmd.add_option("--listen", f->listen, "Server address (numeric) and port; port 0 = any")
-      ->type_name("ADDR:PORT")
-      ->default_str(f->listen)
-      ->needs(serve);
-  cmd.add_flag("--plain", f->plain,
-               "Plain TCP: no encryption or authentication (must be given on both sides)");
-  cmd.add_option("--ca", f->ca, "PEM: the CA both certificates chain to")->type_name("FILE");
-  cmd.add_option("--cert", f->cert, "PEM: this side's certificate (SAN strait://region/<name>)")
-      ->type_name("FILE");
-  cmd.add_option("--key", f->key, "PEM: this side's private key")->type_name("FILE");
-  cmd.add_option("--region", f->region,
-                 "This side's region (default: the certificate's, or bench-client/bench-server "
-                 "with --plain)")
-      ->type_name("NAME");
-  cmd.add_option("--peer-region", f->peer_region,
-                 "The server's region (client) or the regions allowed to connect (server, "
-                 "comma-separated); required with TLS")
-      ->type_name("NAME");
-  cmd.add_option("--duration", f->duration, "Measured window per test (e.g. 5s, 300ms)")
-      ->type_name("TIME")
-      ->default_str("5s");
-  cmd.add_option("--warmup", f->warmup, "Before each window (default: half of it, 0.1-2 s)")
-      ->type_name("TIME");
-  cmd.add_option("--streams", f->streams, "Tests: stream counts and/or 'adaptive'")
-      ->type_name("LIST")
-      ->default_str(kLinkBenchDefaultStreams);
-  cmd.add_option("--max-streams", f->max_streams, "Adaptive mode's ceiling")
-      ->check(IntValidator(1, 64))
-      ->type_name("N")
-      ->default_str("64");
-  cmd.add_option("--cc", f->cc, "Congestion control of every stream: bbr, cubic, reno "
-                                "(default: the system's)")
-      ->type_name("NAME");
-  cmd.add_option("--codecs", f->codecs, "Codecs to rate on this link (none, zstd, int8, int4, "
-                                        "fp8, lossy+zstd)")
-      ->type_name("LIST")
-      ->default_str(kLinkBenchDefaultCodecs);
-  cmd.add_option("--chunk", f->chunk, "Chunk size, or 'auto' (follows bandwidth x RTT)")
-      ->type_name("SIZE")
-      ->default_str("auto");
-  cmd.add_option("--message", f->message, "Bytes per Send")
-      ->transform(SizeValidator(64 * 1024, uint64_t{256} << 20))
-      ->type_name("SIZE")
-      ->default_str("4MiB");
-  cmd.add_option("--inflight", f->inflight, "Bytes kept submitted and not yet acknowledged")
-      ->transform(SizeValidator(64 * 1024, uint64_t{4} << 30))
-      ->type_name("SIZE")
-      ->default_str("64MiB");
-  cmd.add_option("--inflight-per-stream", f->inflight_per_stream,
-                 "lib/net's max_inflight_per_stream (default: lib/net's)")
-      ->transform(SizeValidator(64 * 1024, uint64_t{1} << 30))
-      ->type_name("SIZE");
-  cmd.add_option("--notsent-lowat", f->notsent_lowat,
-                 "TCP_NOTSENT_LOWAT per stream, 0 = unset (default: lib/net's)")
-      ->type_name("SIZE");
-  cmd.add_option("--link-rate", f->link_rate, "The link's rate, printed as the bound (100mbit)")
-      ->type_name("RATE");
-  cmd.add_option("--codec-size", f->codec_size, "Gradient bytes per codec measurement")
-      ->transform(SizeValidator(64 * 1024, uint64_t{256} << 20))
-      ->type_name("SIZE")
-      ->default_str("16MiB");
-
-  return [f](const GlobalFlags& globals) -> int {
-    if (!f->serve && f->connect.empty()) {
-      return UsageError(kCommand, "--serve/--connect", "give --serve or --connect HOST:PORT");
-    }
-    net::EndpointOptions e;
-    e.transport = f->plain ? net::Transport::kPlainTcp : net::Transport::kTls;
-    if (f->plain) {
-      if (!f->ca.empty() || !f->cert.empty() || !f->key.empty()) {
-        return UsageError(kCommand, "--plain", "plain TCP uses no --ca/--cert/--key");
-      }
-      e.region = !f->region.empty() ? f->region
-                                    : (f->serve ? kDefaultServerRegion : kDefaultClientRegion);
-      std::vector<std::string> peers = SplitList(f->peer_region);
-      if (peers.empty()) peers = {f->serve ? kDefaultClientRegion : kDefaultServerRegion};
-      e.peer_regions = peers;
-    } else {
-      if (f->ca.empty() || f->cert.empty() || f->key.empty()) {
-        return UsageError(kCommand, "--ca/--cert/--key",
-                          "TLS needs all three PEM files (or --plain on both sides)");
-      }
-      e.ca_file = f->ca;
-      e.cert_file = f->cert;
-      e.key_file = f->key;
-      if (f->region.empty()) {
-        StatusOr<std::string> own = net::RegionOfCertificateFile(f->cert);
-        if (!own.ok()) return UsageError(kCommand, "--cert", own.status().message());
-        e.region = *own;
-      } else {
-        e.region = f->region;
-      }
-      e.peer_regions = SplitList(f->peer_region);
-      if (e.peer_regions.empty()) {
-        return UsageError(kCommand, "--peer-region",
-                          f->serve ? "name the regions allowed to connect (their certificates')"
-                                   : "name the server's region (its certificate's)");
-      }
-    }
-    if (!f->serve && e.peer_regions.size() != 1) {
-      return UsageError(kCommand, "--peer-region", "the client names one server region");
-    }
-
-    if (f->serve) {
-      StatusOr<std::pair<std::string, uint16_t>> listen = ParseHostPort(f->listen);
-      if (!listen.ok()) return UsageError(kCommand, "--listen", listen.status().message());
-      Status s = RunLinkServer(e, listen->first, listen->second, f->one_off);
-      if (!s.ok()) {
-        std::cerr << "strait-bench link: server: " << s << '\n';
-        return kExitFailure;
-      }
-      return kExitOk;
-    }
-
-    LinkBenchOptions o;
-    StatusOr<std::pair<std::string, uint16_t>> where = ParseHostPort(f->connect);
-    if (!where.ok()) return UsageError(kCommand, "--connect", where.status().message());
-    o.host = where->first;
-    o.port = where->second;
-    if (o.port == 0) return UsageError(kCommand, "--connect", "port 0 cannot be connected to");
-    StatusOr<int64_t> duration = ParseDurationNanos(f->duration);
-    if (!duration.ok() || *duration <= 0) {
-      return UsageError(kCommand, "--duration",
-                        duration.ok() ? "must be positive" : duration.status().message());
-    }
-    o.duration_ns = *duration;
-    if (!f->warmup.empty()) {
-      StatusOr<int64_t> warmup = ParseDurationNanos(f->warmup);
-      if (!warmup.ok()) return UsageError(kCommand, "--warmup", warmup.status().message());
-      o.warmup_ns = *warmup;
-    }
-    o.max_streams = f->max_streams;
-    StatusOr<std::vector<StreamSpec>> streams = ParseStreamList(f->streams, 64);
-    if (!streams.ok()) return UsageError(kCommand, "--streams", streams.status().message());
-    o.streams = *std::move(streams);
-    o.congestion_control = f->cc;
-    if (Status s = net::CheckCongestionControl(f->cc); !s.ok()) {
-      return UsageError(kCommand, "--cc", s.message());
-    }
-    if (f->chunk != "auto") {
-      StatusOr<uint64_t> chunk = ParseSize(f->chunk);
-      if (!chunk.ok() || *chunk < 4096 || *chunk > (uint64_t{16} << 20)) {
-        return UsageError(kCommand, "--chunk",
-                          "expected 'auto' or a size from 4 KiB to 16 MiB, got '" + f->chunk +
-                              "'");
-      }
-      o.chunk_bytes = static_cast<uint32_t>(*chunk);
-    }
-    o.message_bytes = f->message;
-    o.inflight_bytes = f->inflight;
-    if (o.inflight_bytes < o.message_bytes) {
-      return UsageError(kCommand, "--inflight", "must be at least --message");
-    }
-    o.max_inflight_per_stream = f->inflight_per_stream;
-    if (!f->notsent_lowat.empty()) {
-      StatusOr<uint64_t> lowat = ParseSize(f->notsent_lowat);
-      if (!lowat.ok() || *lowat > (uint64_t{1} << 30)) {
-        return UsageError(kCommand, "--notsent-lowat",
-                          "expected a size up to 1 GiB (0 = unset), got '" + f->notsent_lowat +
-                              "'");
-      }
-      o.notsent_lowat = static_cast<int64_t>(*lowat);
-    }
-    if (!f->link_rate.empty()) {
-      StatusOr<uint64_t> rate = ParseRate(f->link_rate);
-      if (!rate.ok() || *rate == 0) {
-        return UsageError(kCommand, "--link-rate",
-                          rate.ok() ? "must be positive" : rate.status().message());
-      }
-      o.link_rate_bps = static_cast<double>(*rate);
-    }
-    for (const std::string& item : SplitList(f->codecs)) {
-      StatusOr<CodecRowSpec> spec = ParseCodecRowSpec(item);
-      if (!spec.ok()) return UsageError(kCommand, "--codecs", spec.status().message());
-      if (spec->kind != CodecRowSpec::Kind::kCodec || spec->feedback) {
-        return UsageError(kCommand, "--codecs",
-                          "'" + item + "' is not a codec here (none, zstd, int8, int4, fp8, "
-                                       "lossy+zstd)");
-      }
-      o.codecs.push_back(*std::move(spec));
-    }
-    o.codec_bytes = f->codec_size;
-    o.endpoint = std::move(e);
-
-    ProgressLine progress;
-    StatusOr<LinkBenchReport> report = RunLinkBench(o, &progress);
-    progress.Clear();
-    if (!report.ok()) {
-      std::cerr << "strait-bench link: FAILED: " << report.status().ToString() << '\n';
-      return kExitFailure;
-    }
-    std::cout << (globals.json ? FormatLinkReportJson(*report) : FormatLinkReportTable(*report));
-    std::cout.flush();
-    return kExitOk;
-  };
 }
 
 }  // namespace strait::bench

@@ -4,7 +4,6 @@
 
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <exception>
 #include <list>
@@ -14,14 +13,12 @@
 #include <asio.hpp>
 
 #include "common/log.h"
+#include "net/accept_pause.h"
 
 namespace strait::gateway {
 namespace {
 
 constexpr const char* kLog = "http";
-// How long accepting pauses when the process is out of descriptors (or memory): long enough not
-// to spin on a backlog it cannot take, short enough for a probe's timeout.
-constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 std::string Render(const HttpResponse& r, bool head_only) {
   std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + HttpReason(r.status) + "\r\n";
@@ -53,7 +50,10 @@ class Connection;
 class HttpServer::Core {
  public:
   Core(HttpHandler handler, HttpServerOptions options)
-      : acceptor_(io_), backoff_(io_), handler_(std::move(handler)), options_(options) {}
+      : acceptor_(io_),
+        accept_pause_(io_.get_executor(), "an HTTP connection", kLog),
+        handler_(std::move(handler)),
+        options_(options) {}
 
   Status Bind(const std::string& address, uint16_t port, uint16_t* bound);
   void Run() {
@@ -76,18 +76,17 @@ class HttpServer::Core {
 
  private:
   void Accept();
-  void OnAcceptError(const asio::error_code& ec);
 
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer backoff_;
+  // Out of descriptors or memory: accepting pauses instead of spinning (see net/accept_pause.h).
+  net::AcceptPause accept_pause_;
   HttpHandler handler_;
   HttpServerOptions options_;
   // Oldest first; touched on the loop's thread only.
   std::list<std::shared_ptr<Connection>> connections_;
   std::atomic<size_t> open_{0};
   std::atomic<uint64_t> bad_requests_{0};
-  uint64_t accept_failures_ = 0;
   std::thread thread_;
 };
 
@@ -221,8 +220,8 @@ Status HttpServer::Core::Bind(const std::string& address, uint16_t port, uint16_
 void HttpServer::Core::Accept() {
   acceptor_.async_accept([this](const asio::error_code& ec, asio::ip::tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;  // Stop()
-    if (ec) return OnAcceptError(ec);
-    accept_failures_ = 0;
+    if (ec) return accept_pause_.OnFailure(ec, [this] { Accept(); });
+    accept_pause_.OnSuccess();
     if (connections_.size() >= options_.max_connections && !connections_.empty()) {
       // Whoever holds a connection longest yields: a flood of idle clients cannot lock a
       // probe out, it only shortens how long each of them may idle.
@@ -236,24 +235,11 @@ void HttpServer::Core::Accept() {
   });
 }
 
-void HttpServer::Core::OnAcceptError(const asio::error_code& ec) {
-  // Out of descriptors or memory: the pending connection stays in the backlog and accept would
-  // fail again at once; pause instead of spinning (and logging) at full speed.
-  if (accept_failures_++ == 0) {
-    STRAIT_LOG(kWarn, kLog) << "accepting a connection failed: " << ec.message()
-                            << "; pausing accepts (raise the descriptor limit, LimitNOFILE)";
-  }
-  backoff_.expires_after(kAcceptBackoff);
-  backoff_.async_wait([this](const asio::error_code& wait_ec) {
-    if (!wait_ec) Accept();
-  });
-}
-
 void HttpServer::Core::Stop() {
   asio::post(io_, [this] {
     asio::error_code ignored;
     acceptor_.close(ignored);
-    backoff_.cancel();
+    accept_pause_.Cancel();
     // Close() unlinks each connection; iterate over a copy.
     std::list<std::shared_ptr<Connection>> open = connections_;
     for (auto& c : open) c->Close();

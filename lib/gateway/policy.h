@@ -33,7 +33,13 @@
 // conservative one, so every region runs the job with one effective policy. A combination that
 // cannot work (no lossless codec every region allows) is one clear error naming both sides.
 //
-// Thread-safe: plain values and pure functions, except PolicyAgreement (internally locked).
+// Thread-safe: plain values and pure functions, except PolicyAgreement and WeightsAgreement
+// (internally locked).
+//
+// One header, four files by concern: policy.cc (error bounds, clamping a request),
+// codec_choice.cc (the codec per tensor and per link), policy_agreement.cc (merging the regions'
+// offers, the policy message, PolicyAgreement), shard_weights.cc (the rates message,
+// WeightsAgreement).
 #ifndef STRAIT_LIB_GATEWAY_POLICY_H_
 #define STRAIT_LIB_GATEWAY_POLICY_H_
 

@@ -1,0 +1,309 @@
+// Endpoint (see link.h): the public object and its I/O-thread half, EndpointCore -- option
+// checks, the TLS identity and its reload, listening and accepting, dialing links (Connect),
+// the registry of links, and shutdown (close records first, then every stream dropped).
+// Admitting an accepted stream is in link_handshake.cc, beside the dialer's half.
+//
+// Apart from the links because an endpoint is the one object that owns the I/O thread and
+// outlives none of its links' handles: its shutdown is the place that breaks every
+// StreamConn <-> LinkCore cycle (see link_core.h for the ownership).
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include <asio.hpp>
+#include <asio/ssl.hpp>
+
+#include "common/log.h"
+#include "net/endpoint_core.h"
+#include "net/link.h"
+#include "net/link_core.h"
+#include "net/runtime.h"
+#include "net/socket_options.h"
+#include "net/stream_conn.h"
+#include "net/tls.h"
+#include "net/wire.h"
+
+namespace strait::net {
+namespace {
+
+using asio::ip::tcp;
+
+// Endpoint shutdown waits this long for close records to go out before dropping the streams.
+constexpr int64_t kShutdownDrainNs = 500'000'000;
+
+}  // namespace
+
+// ---- EndpointCore -----------------------------------------------------------------------------
+
+void EndpointCore::StartAccepting(std::unique_ptr<tcp::acceptor> acceptor) {
+  acceptor_ = std::move(acceptor);
+  AcceptNext();
+}
+
+void EndpointCore::AcceptNext() {
+  if (!acceptor_ || shut_down_) return;
+  acceptor_->async_accept([self = shared_from_this()](const asio::error_code& ec,
+                                                      tcp::socket socket) {
+    if (self->shut_down_) return;
+    if (ec == asio::error::operation_aborted) return;  // the acceptor was closed
+    if (ec) {
+      return self->accept_pause_.OnFailure(ec, [self] {
+        if (!self->shut_down_) self->AcceptNext();
+      });
+    }
+    self->accept_pause_.OnSuccess();
+    {
+      asio::error_code pec;
+      const tcp::endpoint remote = socket.remote_endpoint(pec);
+      const std::string peer = pec ? std::string("unknown peer")
+                                   : remote.address().to_string() + ":" +
+                                         std::to_string(remote.port());
+      auto stream = std::make_shared<StreamConn>(std::move(socket), self->tls(), peer);
+      self->SetUpAccepted(std::move(stream));
+    }
+    self->AcceptNext();
+  });
+}
+
+void EndpointCore::Register(const std::shared_ptr<LinkCore>& link) {
+  if (shut_down_) {
+    link->Shutdown();
+    return;
+  }
+  links_.push_back(link);
+}
+
+void EndpointCore::Unregister(LinkCore* link) {
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second.get() == link) {
+      sessions_.erase(it);
+      break;
+    }
+  }
+  auto it = std::find_if(links_.begin(), links_.end(),
+                         [link](const auto& l) { return l.get() == link; });
+  if (it == links_.end()) return;
+  if (link->streams_up() > 0) {
+    ended_.push_back(std::move(*it));
+  } else {
+    // Deferred: the caller is a member function of `link`, which this may be the last owner of.
+    asio::post(io_, [keep = std::move(*it)] {});
+  }
+  links_.erase(it);
+}
+
+void EndpointCore::Released(LinkCore* link) {
+  auto it = std::find_if(ended_.begin(), ended_.end(),
+                         [link](const auto& l) { return l.get() == link; });
+  if (it == ended_.end()) return;
+  asio::post(io_, [keep = std::move(*it)] {});  // deferred, as in Unregister
+  ended_.erase(it);
+}
+
+void EndpointCore::BeginShutdown() {
+  shut_down_ = true;
+  accept_pause_.Cancel();
+  if (acceptor_) {
+    asio::error_code ec;
+    acceptor_->close(ec);
+  }
+  for (auto& stream : handshaking_) stream->Close();
+  handshaking_.clear();
+  // Links that ended before (Link::Close) may still be writing close records: wait for those as
+  // well, and drop their streams with the rest.
+  closing_ = links_;
+  closing_.insert(closing_.end(), ended_.begin(), ended_.end());
+  for (auto& link : closing_) link->Shutdown();
+  ended_.clear();  // Shutdown() added the links it ended; closing_ holds them all
+  links_.clear();
+  sessions_.clear();
+  on_accept_ = nullptr;
+}
+
+bool EndpointCore::ShutdownDrained() const {
+  return std::all_of(closing_.begin(), closing_.end(),
+                     [](const auto& link) { return link->streams_up() == 0; });
+}
+
+void EndpointCore::FinishShutdown() {
+  for (auto& link : closing_) link->DropAllStreams();
+  closing_.clear();
+}
+
+// ---- Endpoint ---------------------------------------------------------------------------------
+
+struct Endpoint::Impl {
+  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<EndpointCore> core;
+  EndpointOptions options;
+  std::mutex mu;
+  bool listening = false;
+};
+
+Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Endpoint::~Endpoint() {
+  // Close records go out first (so that peers do not redial for unreachable_after_ns), for at
+  // most kShutdownDrainNs.
+  impl_->runtime->Shutdown([core = impl_->core] { core->BeginShutdown(); },
+                           [core = impl_->core] { return core->ShutdownDrained(); },
+                           [core = impl_->core] { core->FinishShutdown(); }, kShutdownDrainNs);
+}
+
+namespace {
+
+Status CheckOptions(const EndpointOptions& o) {
+  if (!IsValidRegionName(o.region)) {
+    return InvalidArgumentError("region '" + o.region +
+                                "' is not a valid region name (1-63 of a-z 0-9 . _ -)");
+  }
+  for (const std::string& peer : o.peer_regions) {
+    if (!IsValidRegionName(peer)) {
+      return InvalidArgumentError("peer region '" + peer + "' is not a valid region name");
+    }
+  }
+  const LinkOptions& l = o.link;
+  if (l.streams < 1 || l.streams > kMaxStreams || l.min_streams < 1 ||
+      l.max_streams > kMaxStreams || l.min_streams > l.max_streams) {
+    return InvalidArgumentError("streams must satisfy 1 <= min_streams <= streams <= "
+                                "max_streams <= " + std::to_string(kMaxStreams));
+  }
+  if (l.adapt_streams && (l.streams < l.min_streams || l.streams > l.max_streams)) {
+    return InvalidArgumentError("with adapt_streams, streams (" + std::to_string(l.streams) +
+                                ") must lie within [min_streams, max_streams] = [" +
+                                std::to_string(l.min_streams) + ", " +
+                                std::to_string(l.max_streams) +
+                                "]; raise max_streams or set adapt_streams = false for a fixed K");
+  }
+  if (l.max_partial_bytes < l.max_message_bytes) {
+    return InvalidArgumentError("max_partial_bytes must be at least max_message_bytes");
+  }
+  if (l.close_flush_ns < 0) return InvalidArgumentError("close_flush_ns must not be negative");
+  if (l.chunk_bytes == 0 || l.chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes == 0 ||
+      l.max_chunk_bytes > kMaxChunkPayload || l.min_chunk_bytes > l.max_chunk_bytes) {
+    return InvalidArgumentError("chunk sizes must be within 1 byte .. 16 MiB, min <= max");
+  }
+  if (l.max_inflight_per_stream == 0 || l.handshake_timeout_ns <= 0 ||
+      l.redial_initial_ns <= 0 || l.redial_max_ns < l.redial_initial_ns ||
+      l.unreachable_after_ns <= 0 || l.ping_interval_ns <= 0 ||
+      l.stream_timeout_ns <= l.ping_interval_ns) {
+    return InvalidArgumentError("link timeouts and limits must be positive, with "
+                                "redial_max >= redial_initial and stream_timeout > ping_interval");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckEndpoint(const EndpointOptions& options, EndpointSetting* setting) {
+  EndpointSetting ignored = EndpointSetting::kNone;
+  if (setting == nullptr) setting = &ignored;
+  *setting = EndpointSetting::kOptions;
+  STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  *setting = EndpointSetting::kCongestionControl;
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
+  *setting = EndpointSetting::kNone;
+  if (options.transport == Transport::kTls) {
+    STRAIT_RETURN_IF_ERROR(LoadTlsIdentity(options.region, options.ca_file, options.cert_file,
+                                           options.key_file, setting)
+                               .status());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
+                                                     AcceptCallback on_accept) {
+  STRAIT_RETURN_IF_ERROR(CheckOptions(options));
+  STRAIT_RETURN_IF_ERROR(CheckCongestionControl(options.link.congestion_control));
+  std::unique_ptr<asio::ssl::context> tls;
+  if (options.transport == Transport::kTls) {
+    STRAIT_ASSIGN_OR_RETURN(tls, LoadTlsIdentity(options.region, options.ca_file,
+                                                 options.cert_file, options.key_file));
+  } else {
+    STRAIT_LOG(kWarn, "net") << "endpoint " << options.region
+                             << " uses plain TCP: no encryption, no peer authentication";
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->runtime = std::make_shared<Runtime>();
+  impl->core = std::make_shared<EndpointCore>(impl->runtime->io(), std::move(options),
+                                              std::move(tls), std::move(on_accept),
+                                              impl->runtime);
+  return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
+}
+
+StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->listening) return FailedPreconditionError("this endpoint already listens");
+  asio::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(address, ec);
+  if (ec) return InvalidArgumentError("listen address '" + address + "' is not a numeric IP");
+  // The acceptor is set up here, before the I/O thread ever sees it.
+  auto acceptor = std::make_unique<tcp::acceptor>(impl_->runtime->io());
+  const tcp::endpoint at(ip, port);
+  const std::string where = address + ":" + std::to_string(port);
+  acceptor->open(at.protocol(), ec);
+  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor->bind(at, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return UnavailableError("cannot listen on " + where + ": " + ec.message());
+  const uint16_t bound = acceptor->local_endpoint(ec).port();
+  if (ec) return InternalError("cannot read the bound port: " + ec.message());
+  auto shared = std::shared_ptr<tcp::acceptor>(std::move(acceptor));
+  if (!impl_->runtime->Post([core = impl_->core, shared]() mutable {
+        core->StartAccepting(std::make_unique<tcp::acceptor>(std::move(*shared)));
+      })) {
+    return UnavailableError("endpoint is shutting down");
+  }
+  impl_->listening = true;
+  STRAIT_LOG(kInfo, "net") << "region " << impl_->options.region << " listening on " << address
+                           << ":" << bound;
+  return bound;
+}
+
+StatusOr<std::shared_ptr<Link>> Endpoint::Connect(const std::string& peer_region,
+                                                  const std::string& address, uint16_t port,
+                                                  MessageCallback on_message) {
+  if (!IsValidRegionName(peer_region)) {
+    return InvalidArgumentError("peer region '" + peer_region + "' is not a valid region name");
+  }
+  asio::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(address, ec);
+  if (ec) return InvalidArgumentError("peer address '" + address + "' is not a numeric IP");
+  if (port == 0) return InvalidArgumentError("peer port must not be 0");
+  auto core = std::make_shared<LinkCore>(impl_->core, LinkCore::Role::kDialer, peer_region,
+                                         tcp::endpoint(ip, port), RandomU64(),
+                                         std::move(on_message));
+  if (!impl_->runtime->Post([endpoint = impl_->core, core] {
+        endpoint->Register(core);
+        if (core->active()) core->Start();
+      })) {
+    return UnavailableError("endpoint is shutting down");
+  }
+  return std::make_shared<Link>(
+      std::make_unique<Link::Impl>(Link::Impl{impl_->runtime, std::move(core)}));
+}
+
+EndpointCounters Endpoint::Counters() const { return impl_->core->Counters(); }
+
+Status Endpoint::ReloadIdentity() {
+  const EndpointOptions& o = impl_->options;
+  if (o.transport != Transport::kTls) {
+    return FailedPreconditionError(
+        "this endpoint uses plain TCP: there is no TLS identity to reload");
+  }
+  StatusOr<std::unique_ptr<asio::ssl::context>> tls =
+      LoadTlsIdentity(o.region, o.ca_file, o.cert_file, o.key_file);
+  if (!tls.ok()) {
+    return tls.status().WithContext("reloading the TLS identity (the old one stays in use)");
+  }
+  impl_->core->ReplaceTls(std::move(*tls));
+  STRAIT_LOG(kInfo, "net") << "region " << o.region << " reloaded its TLS identity from '"
+                           << o.cert_file << "'; new handshakes use it";
+  return Status::Ok();
+}
+
+const EndpointOptions& Endpoint::options() const { return impl_->options; }
+
+}  // namespace strait::net
