@@ -3,7 +3,7 @@
 #   lib/systemd/system/straitd.service, lib/sysusers.d/straitd.conf
 #   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
 #   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
-#   share/doc/strait/README.md, CHANGELOG.md
+#   share/doc/strait/README.md, CHANGELOG.md, copyright (Apache-2.0, Debian's machine-readable form)
 #   lib/python3/dist-packages/strait/ (the Python package, python/strait: Debian's python3 path)
 # besides the headers, the CMake package and the NCCL plugin that their own directories install.
 # `cpack -G DEB` then makes strait_<version>_<arch>.deb from the same rules (prefix /usr);
@@ -34,6 +34,9 @@ configure_file(${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh ${PROJECT_BINARY_DIR}/
 install(PROGRAMS ${PROJECT_BINARY_DIR}/strait-certs DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
+# The licence, as Debian wants it: a machine-readable copyright file that points at
+# /usr/share/common-licenses/Apache-2.0 (the full text is LICENSE at the top of the source tree).
+install(FILES ${STRAIT_DEPLOY_DIR}/debian/copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
 # The Python package (pure Python; it dlopens libstrait.so.0 from the loader's path, which the
 # postinst's ldconfig makes current).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/strait/ DESTINATION lib/python3/dist-packages/strait
@@ -51,6 +54,7 @@ set(CPACK_PACKAGE_DESCRIPTION
 straitd with its systemd unit, the NCCL net plugin libnccl-net-strait.so, strait-bench, \
 strait-wanem, strait-certs, the C/C++ headers and the CMake package.")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # strait_<version>_<arch>.deb

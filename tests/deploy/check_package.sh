@@ -19,7 +19,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 for f in bin/straitd bin/strait-bench bin/strait-wanem bin/strait-certs include/strait/status.h \
   lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf share/strait/straitd.env \
   share/strait/examples/straitd.toml share/strait/kubernetes/daemonset.yaml \
-  share/doc/strait/README.md; do
+  share/doc/strait/README.md share/doc/strait/copyright; do
   [[ -e $work/prefix/$f ]] || fail "cmake --install did not install $f"
 done
 # The plugin goes to the library directory (lib, or lib/<multiarch> for prefix /usr on Debian),
@@ -61,6 +61,9 @@ for f in usr/bin/straitd usr/bin/strait-bench usr/bin/strait-wanem usr/bin/strai
   usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py; do
   [[ -e $root/$f ]] || fail "the .deb lacks /$f"
 done
+# The licence travels as Debian's copyright file (check_license.sh checks its content).
+grep -q '^License: Apache-2.0$' "$root/usr/share/doc/strait/copyright" 2>/dev/null ||
+  fail "the .deb's /usr/share/doc/strait/copyright does not say License: Apache-2.0"
 grep -qxF 'ExecStart=/usr/bin/straitd --config ${STRAITD_CONFIG} $STRAITD_OPTS' \
   "$root/usr/lib/systemd/system/straitd.service" || fail "the .deb's unit does not run /usr/bin/straitd"
 plugin=$(find "$root/usr/lib" -name libnccl-net-strait.so | head -n 1)
