@@ -3,7 +3,7 @@
 #   lib/systemd/system/straitd.service, lib/sysusers.d/straitd.conf
 #   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
 #   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
-#   share/strait/prometheus/strait-rules.yml (alerting rules)
+#   share/strait/prometheus/strait-rules.yml (alerting rules), share/strait/grafana/strait.json
 #   share/doc/strait/README.md, CHANGELOG.md, copyright (Apache-2.0, Debian's machine-readable form)
 #   lib/python3/dist-packages/strait/ (the Python package, python/strait: Debian's python3 path)
 # besides the headers, the CMake package and the NCCL plugin that their own directories install.
@@ -31,6 +31,8 @@ install(FILES ${STRAIT_DEPLOY_DIR}/examples/straitd.toml
 install(DIRECTORY ${STRAIT_DEPLOY_DIR}/kubernetes/ DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/kubernetes)
 install(FILES ${STRAIT_DEPLOY_DIR}/prometheus/strait-rules.yml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/prometheus)
+install(FILES ${STRAIT_DEPLOY_DIR}/grafana/strait.json
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/grafana)
 # With the project version filled in (strait-certs --version, as every Strait tool).
 configure_file(${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh ${PROJECT_BINARY_DIR}/strait-certs
                @ONLY)

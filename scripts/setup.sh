@@ -16,7 +16,8 @@ PACKAGES=(
   # Deploy and packaging tests: systemd-analyze, yamllint (and PyYAML for the manifest check),
   # dpkg-shlibdeps for the .deb's dependencies.
   systemd yamllint python3-yaml dpkg-dev
-  # promtool (checks straitd's /metrics output in the metrics integration test).
+  # promtool (checks straitd's /metrics output in the metrics integration test, and the alert
+  # rules and the Grafana dashboard's queries in tests/deploy).
   prometheus
   # The Python package's tests, the PyTorch example and its benchmark (python/, examples/pytorch).
   python3-torch python3-numpy python3-sklearn python3-matplotlib python3-pytest

@@ -19,7 +19,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 for f in bin/straitd bin/strait-bench bin/strait-wanem bin/strait-certs include/strait/status.h \
   lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf share/strait/straitd.env \
   share/strait/examples/straitd.toml share/strait/kubernetes/daemonset.yaml \
-  share/strait/prometheus/strait-rules.yml \
+  share/strait/prometheus/strait-rules.yml share/strait/grafana/strait.json \
   share/doc/strait/README.md share/doc/strait/copyright; do
   [[ -e $work/prefix/$f ]] || fail "cmake --install did not install $f"
 done
