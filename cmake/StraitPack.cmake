@@ -4,7 +4,10 @@
 #   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
 #   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
 #   share/strait/prometheus/strait-rules.yml (alerting rules), share/strait/grafana/strait.json
-#   share/doc/strait/README.md, CHANGELOG.md, copyright (Apache-2.0, Debian's machine-readable form)
+#   share/man/man1/strait-bench.1.gz, strait-certs.1.gz, share/man/man8/straitd.8.gz,
+#   strait-wanem.8.gz (docs/man, compressed as Debian wants them)
+#   share/doc/strait/README.md, CHANGELOG.md, CONFIG.md, copyright (Apache-2.0, Debian's
+#   machine-readable form)
 #   lib/python3/dist-packages/strait/ (the Python package, python/strait: Debian's python3 path)
 # besides the headers, the CMake package and the NCCL plugin that their own directories install.
 # `cpack -G DEB` then makes strait_<version>_<arch>.deb from the same rules (prefix /usr);
@@ -38,7 +41,29 @@ configure_file(${STRAIT_DEPLOY_DIR}/certs/strait-certs.sh ${PROJECT_BINARY_DIR}/
                @ONLY)
 install(PROGRAMS ${PROJECT_BINARY_DIR}/strait-certs DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
+              ${STRAIT_DEPLOY_DIR}/CONFIG.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
+# Man pages (written by hand in docs/man; tests/deploy/check_man.py holds them to each tool's
+# --help), gzip -9n'd at build time: Debian's policy wants them compressed, reproducibly.
+set(STRAIT_MAN_PAGES straitd.8 strait-wanem.8 strait-bench.1 strait-certs.1)
+find_program(STRAIT_GZIP gzip)
+set(strait_man_outputs)
+foreach(page IN LISTS STRAIT_MAN_PAGES)
+  string(REGEX MATCH "[1-8]$" section ${page})
+  set(src ${PROJECT_SOURCE_DIR}/docs/man/${page})
+  if(STRAIT_GZIP)
+    set(out ${PROJECT_BINARY_DIR}/man/${page}.gz)
+    add_custom_command(OUTPUT ${out}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/man
+      COMMAND ${STRAIT_GZIP} -9nc ${src} > ${out}
+      DEPENDS ${src} VERBATIM)
+    list(APPEND strait_man_outputs ${out})
+  else()
+    set(out ${src})
+  endif()
+  install(FILES ${out} DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
+endforeach()
+add_custom_target(strait_man_pages ALL DEPENDS ${strait_man_outputs})
 # The licence, as Debian wants it: a machine-readable copyright file that points at
 # /usr/share/common-licenses/Apache-2.0 (the full text is LICENSE at the top of the source tree).
 install(FILES ${STRAIT_DEPLOY_DIR}/debian/copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)

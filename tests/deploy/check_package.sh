@@ -20,7 +20,9 @@ for f in bin/straitd bin/strait-bench bin/strait-wanem bin/strait-certs include/
   lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf share/strait/straitd.env \
   share/strait/examples/straitd.toml share/strait/kubernetes/daemonset.yaml \
   share/strait/prometheus/strait-rules.yml share/strait/grafana/strait.json \
-  share/doc/strait/README.md share/doc/strait/copyright; do
+  share/doc/strait/README.md share/doc/strait/copyright share/doc/strait/CONFIG.md \
+  share/man/man8/straitd.8.gz share/man/man8/strait-wanem.8.gz share/man/man1/strait-bench.1.gz \
+  share/man/man1/strait-certs.1.gz; do
   [[ -e $work/prefix/$f ]] || fail "cmake --install did not install $f"
 done
 # The plugin goes to the library directory (lib, or lib/<multiarch> for prefix /usr on Debian),
