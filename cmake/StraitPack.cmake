@@ -64,6 +64,22 @@ foreach(page IN LISTS STRAIT_MAN_PAGES)
   install(FILES ${out} DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
 endforeach()
 add_custom_target(strait_man_pages ALL DEPENDS ${strait_man_outputs})
+# Debian's files for lintian: the changelog a native package carries (changelog.gz, the version
+# filled in), and the overrides of the tags the one-package layout earns on purpose
+# (deploy/debian/lintian-overrides says why for each).
+configure_file(${STRAIT_DEPLOY_DIR}/debian/changelog.in ${PROJECT_BINARY_DIR}/debian/changelog
+               @ONLY)
+if(STRAIT_GZIP)
+  add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/debian/changelog.gz
+    COMMAND ${STRAIT_GZIP} -9nc ${PROJECT_BINARY_DIR}/debian/changelog
+            > ${PROJECT_BINARY_DIR}/debian/changelog.gz
+    DEPENDS ${PROJECT_BINARY_DIR}/debian/changelog VERBATIM)
+  add_custom_target(strait_debian_changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/debian/changelog.gz)
+  install(FILES ${PROJECT_BINARY_DIR}/debian/changelog.gz
+          DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
+endif()
+install(FILES ${STRAIT_DEPLOY_DIR}/debian/lintian-overrides
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides RENAME strait)
 # The licence, as Debian wants it: a machine-readable copyright file that points at
 # /usr/share/common-licenses/Apache-2.0 (the full text is LICENSE at the top of the source tree).
 install(FILES ${STRAIT_DEPLOY_DIR}/debian/copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/strait)
@@ -78,11 +94,14 @@ set(CPACK_PACKAGE_VENDOR "Strait")
 set(CPACK_PACKAGE_CONTACT "Strait maintainers <strait-maintainers@example.org>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "Cross-region communication for NCCL: straitd gateway, NCCL net plugin, tools")
+# Lines under 80 columns: CPack indents each for the control file (lintian checks the width).
 set(CPACK_PACKAGE_DESCRIPTION
-    "Strait carries the cross-region traffic of NCCL training jobs through region gateways \
-(straitd) over compressed, striped, mutually authenticated TLS links. This package holds \
-straitd with its systemd unit, the NCCL net plugin libnccl-net-strait.so, strait-bench, \
-strait-wanem, strait-certs, the C/C++ headers and the CMake package.")
+    "Strait carries the cross-region traffic of NCCL training jobs through region
+gateways (straitd) over compressed, striped, mutually authenticated TLS links.
+This package holds straitd with its systemd unit, the NCCL net plugin
+libnccl-net-strait.so, the C library libstrait and its Python package,
+strait-bench, strait-wanem, strait-certs, the C/C++ headers and the CMake
+package.")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_GENERATOR DEB)
@@ -91,11 +110,17 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # strait_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# Besides the libraries: strait-certs runs openssl; the maintainer scripts need passwd (useradd).
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "openssl, passwd")
+# Besides the libraries: strait-certs runs openssl; the maintainer scripts need passwd (useradd);
+# the Python package (/usr/lib/python3/dist-packages/strait) needs an interpreter.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "openssl, passwd, python3:any")
+# The shlibs file for libstrait.so.0 (dpkg-shlibdeps of packages built against it), and stripped
+# binaries and libraries, as Debian's policy (and lintian) want.
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${STRAIT_DEPLOY_DIR}/debian/postinst ${STRAIT_DEPLOY_DIR}/debian/prerm
-    ${STRAIT_DEPLOY_DIR}/debian/postrm)
+    ${STRAIT_DEPLOY_DIR}/debian/postrm ${STRAIT_DEPLOY_DIR}/debian/triggers)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 include(CPack)

@@ -55,13 +55,19 @@ dpkg-deb -e "$deb" "$work/control"
 for s in postinst prerm postrm; do
   [[ -x $work/control/$s ]] || fail "the .deb has no executable $s"
 done
+grep -qx 'activate-noawait ldconfig' "$work/control/triggers" 2>/dev/null ||
+  fail "the .deb has no ldconfig trigger (control file triggers)"
+grep -q '^libstrait 0 strait' "$work/control/shlibs" 2>/dev/null ||
+  fail "the .deb has no shlibs entry for libstrait.so.0"
 
 root=$work/root
 dpkg -x "$deb" "$root"
 for f in usr/bin/straitd usr/bin/strait-bench usr/bin/strait-wanem usr/bin/strait-certs \
   usr/include/strait/status.h usr/lib/systemd/system/straitd.service usr/lib/sysusers.d/straitd.conf \
   usr/share/strait/straitd.env usr/share/strait/examples/straitd.toml \
-  usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py; do
+  usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py \
+  usr/share/doc/strait/changelog.gz usr/share/lintian/overrides/strait \
+  usr/share/man/man8/straitd.8.gz; do
   [[ -e $root/$f ]] || fail "the .deb lacks /$f"
 done
 # The licence travels as Debian's copyright file (check_license.sh checks its content).
