@@ -5,7 +5,8 @@
 Usage: check_man.py MAN_DIR TOOL=PATH...   (e.g. straitd=build/.../straitd)
 
 - every page renders with `groff -man -Tutf8 -ww -z` (every warning enabled) with no output and
-  status 0, and its .TH names the tool and the section of the file name;
+  status 0, and its .TH names the tool, the section of the file name and the version the tool's
+  --version prints;
 - for each TOOL, the long options of `TOOL --help` and, where it lists subcommands, of
   `TOOL SUB --help` (strait-certs: `strait-certs help`) all appear in TOOL's page;
 - the check is real: the page with one option removed fails it.
@@ -89,6 +90,13 @@ def main():
         page = next((p for p in pages if p.rsplit(".", 1)[0] == tool), None)
         if not check(page is not None, f"no man page for {tool} in {man_dir}"):
             continue
+        # The page's .TH names the version the tool reports.
+        m = re.match(r"\S+ (\d+\.\d+\.\d+)", help_text(exe, "--version"))
+        with open(os.path.join(man_dir, page)) as f:
+            th = re.search(r'^\.TH .*"Strait ([^"]+)"', f.read(), re.M)
+        check(m and th and th.group(1) == m.group(1),
+              f"{page}: .TH says Strait {th.group(1) if th else '?'}, {tool} --version says "
+              f"{m.group(1) if m else '?'}")
         opts = long_options(exe)
         check(len(opts) >= 2, f"{tool}: found no options in its help ({sorted(opts)})")
         for o in missing_options(os.path.join(man_dir, page), opts):
