@@ -16,7 +16,11 @@ PACKAGES=(
   # Deploy and packaging tests: systemd-analyze, yamllint (and PyYAML for the manifest check),
   # dpkg-shlibdeps for the .deb's dependencies.
   systemd yamllint python3-yaml dpkg-dev
-  # promtool (checks straitd's /metrics output in the metrics integration test).
+  # groff: the man pages rendered with every warning on (tests/deploy/check_man.py); lintian on
+  # the .deb (tests/deploy/check_lintian.sh).
+  groff-base lintian
+  # promtool (checks straitd's /metrics output in the metrics integration test, and the alert
+  # rules and the Grafana dashboard's queries in tests/deploy).
   prometheus
   # The Python package's tests, the PyTorch example and its benchmark (python/, examples/pytorch).
   python3-torch python3-numpy python3-sklearn python3-matplotlib python3-pytest

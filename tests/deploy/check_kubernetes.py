@@ -3,8 +3,11 @@
 
 Usage: check_kubernetes.py STRAITD DEPLOY_DIR
 
-- every manifest parses and has the kind we ship (Namespace, ConfigMap, Secret, DaemonSet,
-  StatefulSet, Service, Job, Kustomization), and the kustomization lists files that exist;
+- every manifest parses and has the kind we ship (Namespace, ConfigMap, DaemonSet, StatefulSet,
+  three Services, Job, PodDisruptionBudget, NetworkPolicy, ServiceMonitor, Kustomization, and
+  the example Secret); the kustomization lists files that exist, names every manifest (listed
+  or as a commented option), applies no Secret (the TLS Secret is created from real files), and
+  `kubectl kustomize` builds it where kubectl is installed;
 - the gateways (DaemonSet and StatefulSet) declare the WAN port the ConfigMap's wan.listen uses
   and the port `metrics` its metrics.listen uses (not a loopback address: the kubelet probes the
   pod IP); readiness is httpGet /readyz and liveness httpGet /healthz, startup httpGet /healthz
@@ -20,6 +23,15 @@ Usage: check_kubernetes.py STRAITD DEPLOY_DIR
 - the example Job sets NCCL_NET_PLUGIN=strait and every STRAIT_* variable, STRAIT_GATEWAY is the
   config's local.socket, LD_LIBRARY_PATH holds the directory the plugin is copied into, and its
   user is one the config's local.allowed_uids/gids lets in;
+- the Job runs torchrun with --nnodes (a multiple of its pods), --nproc-per-node (its GPUs),
+  --rdzv-backend=c10d, --rdzv-id and --rdzv-endpoint naming pod 0 of the Indexed Job through
+  its subdomain's headless Service;
+- the PodDisruptionBudget covers the pool and lets one gateway go; the NetworkPolicy selects
+  both modes' pods, opens the WAN port only to CIDRs that hold every configured peer and the
+  metrics port only to the namespace `monitoring`; the ServiceMonitor (monitoring.coreos.com/v1)
+  selects the metrics Service, which selects both modes' pods, scrapes /metrics on its metrics
+  port and names the scrape job as deploy/prometheus/strait-rules.yml's `up{job=...}` does;
+  self-tests break the NetworkPolicy and the kustomization and expect failures;
 - the ConfigMap's straitd.toml and deploy/examples/straitd.toml pass `straitd --check-config`
   (so every key used exists in the parser), and the same file with one misspelt key fails it
   (so the check is real).
@@ -28,6 +40,8 @@ Prints one line per failed check and exits 1 if any failed.
 import copy
 import ipaddress
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,11 +58,44 @@ def check(cond, what):
     return cond
 
 
-def load(path):
+def load(path, many=False):
+    """The YAML documents of `path` (exactly one unless `many`)."""
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    check(len(docs) == 1, f"{path}: expected one YAML document, found {len(docs)}")
-    return docs[0]
+    if not many:
+        check(len(docs) == 1, f"{path}: expected one YAML document, found {len(docs)}")
+    return docs
+
+
+def check_kustomization(kdir, files, run_kubectl=True):
+    """kustomization.yaml: its resources exist, none is a Secret (the TLS Secret is made from
+    real files with kubectl create secret; secret.example.yaml only shows its shape), and, where
+    kubectl is installed, `kubectl kustomize` builds it. Returns the failures."""
+    bad = []
+    kust = files["kustomization.yaml"][0]
+    for r in kust.get("resources", []):
+        if not os.path.exists(os.path.join(kdir, r)):
+            bad.append(f"kustomization lists missing file {r}")
+            continue
+        for o in files.get(r, []):
+            if o["kind"] == "Secret":
+                bad.append(f"kustomization applies Secret {o['metadata']['name']} from {r}: "
+                           "placeholder keys must never be applied")
+    text = open(os.path.join(kdir, "kustomization.yaml")).read()
+    for name in files:
+        if name not in ("kustomization.yaml", "job-example.yaml", "secret.example.yaml") and \
+                name not in text:
+            bad.append(f"kustomization.yaml neither lists nor mentions {name}")
+    if "secret.example.yaml" not in files:
+        bad.append("no secret.example.yaml showing the TLS Secret's shape")
+    if run_kubectl and shutil.which("kubectl"):
+        p = subprocess.run(["kubectl", "kustomize", kdir], capture_output=True, text=True,
+                           timeout=60)
+        if p.returncode != 0:
+            bad.append(f"kubectl kustomize {kdir} failed: {p.stderr.strip()}")
+        elif any(d and d.get("kind") == "Secret" for d in yaml.safe_load_all(p.stdout)):
+            bad.append("kubectl kustomize's output holds a Secret")
+    return bad
 
 
 def check_config(straitd, text, name):
@@ -218,22 +265,26 @@ def check_gateway(kind, obj, config, cm_name, secret):
 def main():
     straitd, deploy = sys.argv[1], sys.argv[2]
     kdir = os.path.join(deploy, "kubernetes")
-    objs = {}
+    # file -> its documents; kind -> [(file, object)]. Only job-example.yaml holds two (the
+    # training Job and its rendezvous Service); every other file is one object.
+    files = {}
+    by_kind = {}
     for name in sorted(os.listdir(kdir)):
         if name.endswith(".yaml"):
-            objs[name] = load(os.path.join(kdir, name))
-    kinds = {o["kind"]: (name, o) for name, o in objs.items()}
-    want = ["Namespace", "ConfigMap", "Secret", "DaemonSet", "StatefulSet", "Service", "Job",
-            "Kustomization"]
-    for k in want:
-        check(k in kinds, f"no manifest of kind {k} in {kdir}")
-    check(sorted(kinds) == sorted(want), f"kinds {sorted(kinds)}; expected {sorted(want)}")
+            files[name] = load(os.path.join(kdir, name), many=name == "job-example.yaml")
+            for o in files[name]:
+                by_kind.setdefault(o["kind"], []).append((name, o))
+    want = {"Namespace": 1, "ConfigMap": 1, "Secret": 1, "DaemonSet": 1, "StatefulSet": 1,
+            "Service": 3, "Job": 1, "Kustomization": 1, "PodDisruptionBudget": 1,
+            "NetworkPolicy": 1, "ServiceMonitor": 1}
+    have = {k: len(v) for k, v in by_kind.items()}
+    check(have == want, f"manifest kinds {have}; expected {want}")
     if failures:
         return report()
+    kinds = {k: v[0] for k, v in by_kind.items()}
+    services = {o["metadata"]["name"]: (f, o) for f, o in by_kind["Service"]}
 
-    kust = kinds["Kustomization"][1]
-    for r in kust["resources"]:
-        check(os.path.exists(os.path.join(kdir, r)), f"kustomization lists missing file {r}")
+    failures.extend(check_kustomization(kdir, files))
 
     cm = kinds["ConfigMap"][1]
     text = cm["data"]["straitd.toml"]
@@ -258,7 +309,7 @@ def main():
         check(fname in secret.get("stringData", {}) or fname in secret.get("data", {}),
               f"Secret has no key {fname} (tls.{key})")
     check("BEGIN PRIVATE KEY-----\n" not in str(secret) or "REPLACE" in str(secret),
-          "secret.yaml holds what looks like a real key; it must stay a template")
+          "secret.example.yaml holds what looks like a real key; it must stay a template")
 
     ds = kinds["DaemonSet"][1]
     ss = kinds["StatefulSet"][1]
@@ -296,7 +347,7 @@ def main():
         parts = line.split()
         check(len(parts) == 2 and parts[1].isdigit(), f"ConfigMap shards: bad line {line!r}")
 
-    svc = kinds["Service"][1]
+    svc = services["straitd"][1]
     pool_labels = ss["spec"]["template"]["metadata"]["labels"]
     check(all(pool_labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
           "Service selector does not select the StatefulSet's pods")
@@ -341,7 +392,195 @@ def main():
     gw_gid = ds["spec"]["template"]["spec"]["securityContext"].get("runAsGroup")
     check(gw_gid in jsc.get("supplementalGroups", []),
           f"Job lacks supplemental group {gw_gid} needed for the 0660 socket")
+    job_services = {o["metadata"]["name"]: o for f, o in by_kind["Service"]
+                    if f == "job-example.yaml"}
+    failures.extend(check_torchrun(job, job_services))
+
+    gateway_pods = {"DaemonSet": ds["spec"]["template"], "StatefulSet": ss["spec"]["template"]}
+    pdb = kinds["PodDisruptionBudget"][1]
+    check(selects(pdb["spec"]["selector"], ss["spec"]["template"]),
+          "PodDisruptionBudget does not select the StatefulSet's pods")
+    check(("maxUnavailable" in pdb["spec"]) != ("minAvailable" in pdb["spec"]),
+          "PodDisruptionBudget sets neither or both of maxUnavailable and minAvailable")
+    check(pdb["spec"].get("maxUnavailable") == 1 or pdb["spec"].get("minAvailable", 0) >= 1,
+          "PodDisruptionBudget lets more than one gateway go (or none stay)")
+    netpol = kinds["NetworkPolicy"][1]
+    failures.extend(check_network_policy(netpol, gateway_pods, config))
+    # Self-test: a policy that forgets one peer region, and one open to every source.
+    narrow = copy.deepcopy(netpol)
+    for rule in narrow["spec"]["ingress"]:
+        rule["from"] = [f for f in rule["from"] if f.get("ipBlock", {}).get("cidr") !=
+                        "198.51.100.0/24"]
+    check(any("198.51.100.10" in f for f in check_network_policy(narrow, gateway_pods, config)),
+          "self-test: a NetworkPolicy without eu-west's CIDR passes")
+    wide = copy.deepcopy(netpol)
+    wide["spec"]["ingress"][0].pop("from")
+    check(check_network_policy(wide, gateway_pods, config),
+          "self-test: a NetworkPolicy open to every source passes")
+    failures.extend(check_service_monitor(kinds["ServiceMonitor"][1], services, gateway_pods,
+                                          deploy))
+    # Self-test: the kustomization check catches a placeholder Secret among the resources.
+    bad = copy.deepcopy(files)
+    bad["kustomization.yaml"][0]["resources"].append("secret.example.yaml")
+    check(any("placeholder" in f for f in check_kustomization(kdir, bad, run_kubectl=False)),
+          "self-test: a kustomization applying secret.example.yaml passes")
     return report()
+
+
+def selects(selector, pod_template):
+    """Whether a label selector (matchLabels or a Service's plain map) selects the pods."""
+    want = selector.get("matchLabels", selector) if isinstance(selector, dict) else {}
+    labels = pod_template["metadata"]["labels"]
+    return bool(want) and all(labels.get(k) == v for k, v in want.items())
+
+
+def check_torchrun(job, services):
+    """The training container runs torchrun with c10d rendezvous whose endpoint is pod 0 of the
+    Indexed Job, named through a headless Service. Returns the failures."""
+    bad = []
+    pod = job["spec"]["template"]["spec"]
+    train = pod["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in train.get("env", [])}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+            for a in train.get("command", []) + train.get("args", [])]
+    if not argv or argv[0] != "torchrun":
+        return [f"Job's container does not run torchrun: {argv}"]
+    flags = {}
+    for a in argv[1:]:
+        if not a.startswith("--"):
+            break
+        k, _, v = a.partition("=")
+        flags[k] = v
+    for k in flags:
+        if "_" in k:
+            bad.append(f"torchrun flag {k}: torchrun's options are spelt with '-'")
+    if flags.get("--rdzv-backend") != "c10d":
+        bad.append(f"torchrun --rdzv-backend is {flags.get('--rdzv-backend')!r}, not c10d")
+    if not flags.get("--rdzv-id"):
+        bad.append("torchrun has no --rdzv-id (every region's Job must share one)")
+    try:
+        nnodes = int(flags.get("--nnodes", ""))
+    except ValueError:
+        nnodes = 0
+        bad.append(f"torchrun --nnodes {flags.get('--nnodes')!r} is not a fixed node count")
+    par = job["spec"].get("parallelism", 1)
+    if nnodes and (nnodes < par or nnodes % par):
+        bad.append(f"torchrun --nnodes={nnodes} is not a multiple of this region's {par} pods")
+    gpus = train.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    if str(flags.get("--nproc-per-node")) != str(gpus):
+        bad.append(f"torchrun --nproc-per-node={flags.get('--nproc-per-node')} but the pod has "
+                   f"{gpus} GPUs")
+    host, _, port = flags.get("--rdzv-endpoint", "").rpartition(":")
+    if not host or not port.isdigit():
+        bad.append(f"torchrun --rdzv-endpoint {flags.get('--rdzv-endpoint')!r} is not host:port")
+        return bad
+    # Pod 0 of an Indexed Job is <job>-0; with `subdomain` and a headless Service of that name
+    # it is <job>-0.<subdomain>.<namespace>.svc...
+    name, ns = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+    sub = pod.get("subdomain")
+    want = f"{name}-0.{sub}.{ns}.svc"
+    if job["spec"].get("completionMode") != "Indexed":
+        bad.append("Job is not Indexed: its pods have no stable host names for --rdzv-endpoint")
+    if not sub or not (host == f"{name}-0.{sub}" or host.startswith(want)):
+        bad.append(f"torchrun --rdzv-endpoint host {host} is not pod 0 ({want}...)")
+    svc = services.get(sub)
+    if svc is None:
+        bad.append(f"no headless Service {sub} beside the Job for the pods' DNS names")
+    else:
+        if svc["spec"].get("clusterIP") != "None":
+            bad.append(f"Service {sub} is not headless (clusterIP: None)")
+        if not selects(svc["spec"].get("selector", {}), job["spec"]["template"]):
+            bad.append(f"Service {sub} does not select the Job's pods")
+        if not any(p.get("containerPort") == int(port) for p in train.get("ports", [])):
+            bad.append(f"the training container does not declare port {port}")
+    return bad
+
+
+def check_network_policy(np, gateway_pods, config):
+    """Ingress only: the WAN port from CIDRs holding every configured peer, the metrics port from
+    the monitoring namespace, nothing else. Returns the failures."""
+    bad = []
+    spec = np["spec"]
+    for kind, tpl in gateway_pods.items():
+        if not selects(spec.get("podSelector", {}), tpl):
+            bad.append(f"NetworkPolicy does not select the {kind}'s pods")
+    if "Ingress" not in spec.get("policyTypes", []):
+        bad.append("NetworkPolicy does not restrict Ingress")
+    wan_port = int(config["wan"]["listen"].rsplit(":", 1)[1])
+    mport = int(config["metrics"]["listen"].rsplit(":", 1)[1])
+    wan_cidrs = []
+    metrics_ok = False
+    for rule in spec.get("ingress", []):
+        ports = {p.get("port") for p in rule.get("ports", [])}
+        if not rule.get("from") or not ports:
+            bad.append(f"NetworkPolicy ingress rule open to every source or port: {rule}")
+            continue
+        if ports <= {"wan", wan_port}:
+            for f in rule["from"]:
+                if set(f) != {"ipBlock"}:
+                    bad.append(f"NetworkPolicy: the WAN port is open to {f}, not a CIDR")
+                else:
+                    wan_cidrs.append(ipaddress.ip_network(f["ipBlock"]["cidr"]))
+        elif ports <= {"metrics", mport}:
+            for f in rule["from"]:
+                ns = f.get("namespaceSelector", {}).get("matchLabels", {})
+                if set(f) != {"namespaceSelector"} or \
+                        ns != {"kubernetes.io/metadata.name": "monitoring"}:
+                    bad.append(f"NetworkPolicy: the metrics port is open to {f}, not the "
+                               "monitoring namespace")
+                else:
+                    metrics_ok = True
+        else:
+            bad.append(f"NetworkPolicy opens ports {sorted(map(str, ports))} beyond wan/metrics")
+    if not metrics_ok:
+        bad.append("NetworkPolicy does not let the monitoring namespace reach the metrics port")
+    for region, shards in config["peers"].items():
+        for shard, addr in shards.items():
+            ip = ipaddress.ip_address(addr.rsplit(":", 1)[0])
+            if not any(ip in c for c in wan_cidrs):
+                bad.append(f"NetworkPolicy: peer {region}.{shard} {ip} is in no CIDR allowed "
+                           "on the WAN port")
+    return bad
+
+
+def check_service_monitor(sm, services, gateway_pods, deploy):
+    """monitoring.coreos.com/v1 ServiceMonitor: selects the metrics Service (which selects both
+    modes' pods), scrapes its metrics port at /metrics, and names the scrape job as the alert
+    rules expect. Returns the failures."""
+    bad = []
+    if sm.get("apiVersion") != "monitoring.coreos.com/v1":
+        bad.append(f"ServiceMonitor apiVersion is {sm.get('apiVersion')}")
+    spec = sm["spec"]
+    chosen = [o for _, o in services.values()
+              if all(o["metadata"].get("labels", {}).get(k) == v
+                     for k, v in spec["selector"].get("matchLabels", {}).items())
+              and o["metadata"]["namespace"] in spec.get("namespaceSelector", {})
+              .get("matchNames", [sm["metadata"]["namespace"]])]
+    if len(chosen) != 1:
+        return bad + [f"ServiceMonitor selects {len(chosen)} Services; expected the metrics one"]
+    svc = chosen[0]
+    for kind, tpl in gateway_pods.items():
+        if not selects(svc["spec"]["selector"], tpl):
+            bad.append(f"Service {svc['metadata']['name']} does not select the {kind}'s pods")
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    for ep in spec.get("endpoints", []):
+        p = ports.get(ep.get("port"))
+        if p is None or p.get("targetPort") != "metrics":
+            bad.append(f"ServiceMonitor endpoint port {ep.get('port')} is not the Service's "
+                       "port to `metrics`")
+        if ep.get("path", "/metrics") != "/metrics":
+            bad.append(f"ServiceMonitor scrapes {ep.get('path')}, not /metrics")
+    if not spec.get("endpoints"):
+        bad.append("ServiceMonitor has no endpoints")
+    # The operator names the job after the Service's jobLabel label, else the Service.
+    job = svc["metadata"].get("labels", {}).get(spec.get("jobLabel", ""),
+                                                 svc["metadata"]["name"])
+    with open(os.path.join(deploy, "prometheus", "strait-rules.yml")) as f:
+        rules_jobs = set(re.findall(r'up\{job="([^"]+)"', f.read()))
+    if rules_jobs != {job}:
+        bad.append(f"the ServiceMonitor's scrape job is {job!r} but strait-rules.yml asks "
+                   f"up{{job={sorted(rules_jobs)}}}")
+    return bad
 
 
 def report():

@@ -19,7 +19,10 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 for f in bin/straitd bin/strait-bench bin/strait-wanem bin/strait-certs include/strait/status.h \
   lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf share/strait/straitd.env \
   share/strait/examples/straitd.toml share/strait/kubernetes/daemonset.yaml \
-  share/doc/strait/README.md; do
+  share/strait/prometheus/strait-rules.yml share/strait/grafana/strait.json \
+  share/doc/strait/README.md share/doc/strait/copyright share/doc/strait/CONFIG.md \
+  share/man/man8/straitd.8.gz share/man/man8/strait-wanem.8.gz share/man/man1/strait-bench.1.gz \
+  share/man/man1/strait-certs.1.gz; do
   [[ -e $work/prefix/$f ]] || fail "cmake --install did not install $f"
 done
 # The plugin goes to the library directory (lib, or lib/<multiarch> for prefix /usr on Debian),
@@ -52,15 +55,24 @@ dpkg-deb -e "$deb" "$work/control"
 for s in postinst prerm postrm; do
   [[ -x $work/control/$s ]] || fail "the .deb has no executable $s"
 done
+grep -qx 'activate-noawait ldconfig' "$work/control/triggers" 2>/dev/null ||
+  fail "the .deb has no ldconfig trigger (control file triggers)"
+grep -q '^libstrait 0 strait' "$work/control/shlibs" 2>/dev/null ||
+  fail "the .deb has no shlibs entry for libstrait.so.0"
 
 root=$work/root
 dpkg -x "$deb" "$root"
 for f in usr/bin/straitd usr/bin/strait-bench usr/bin/strait-wanem usr/bin/strait-certs \
   usr/include/strait/status.h usr/lib/systemd/system/straitd.service usr/lib/sysusers.d/straitd.conf \
   usr/share/strait/straitd.env usr/share/strait/examples/straitd.toml \
-  usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py; do
+  usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py \
+  usr/share/doc/strait/changelog.gz usr/share/lintian/overrides/strait \
+  usr/share/man/man8/straitd.8.gz; do
   [[ -e $root/$f ]] || fail "the .deb lacks /$f"
 done
+# The licence travels as Debian's copyright file (check_license.sh checks its content).
+grep -q '^License: Apache-2.0$' "$root/usr/share/doc/strait/copyright" 2>/dev/null ||
+  fail "the .deb's /usr/share/doc/strait/copyright does not say License: Apache-2.0"
 grep -qxF 'ExecStart=/usr/bin/straitd --config ${STRAITD_CONFIG} $STRAITD_OPTS' \
   "$root/usr/lib/systemd/system/straitd.service" || fail "the .deb's unit does not run /usr/bin/straitd"
 plugin=$(find "$root/usr/lib" -name libnccl-net-strait.so | head -n 1)
