@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "bench/allreduce_internal.h"
+#include "bench/allreduce_sweep.h"
 #include "bench/wanem/netns.h"
 #include "common/strings.h"
 
@@ -24,7 +25,38 @@ void OnStopSignal(int) {
   g_interrupted = 1;
 }
 
-int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
+// The mesh row of `codec` at `size` with shard `mode` (gateways running with `weights`).
+StatusOr<RunResult> RunMeshRow(const Flags& f, const Setup& s, bool links_equal, Cluster& c,
+                               const std::string& codec, const std::string& mode,
+                               bool several_modes, const std::vector<uint64_t>& weights,
+                               uint64_t size, const std::string& job, ProgressLine* progress) {
+  Flags sized = f;
+  sized.size = size;
+  StatusOr<RunResult> mesh = RunRanks(sized, c, "mesh", codec, job, {}, progress);
+  if (!mesh.ok()) return mesh;
+  const double n = f.regions;
+  const double bytes = static_cast<double>(size);
+  // Every gateway's WAN bytes together, uncompressed, whatever the split: each region sends its
+  // parts of the n-1 other shards, and each owner its result to n-1 regions: 2(n-1)S in all.
+  const double plain_bytes_total = 2.0 * bytes * (n - 1);
+  mesh->label = "mesh " + codec + (several_modes ? " " + mode : "");
+  mesh->shards = mode;
+  mesh->weights = weights;
+  mesh->participants = f.regions;
+  if (mesh->wan_bytes_per_iter > 0) {
+    mesh->codec_ratio = plain_bytes_total / static_cast<double>(mesh->wan_bytes_per_iter);
+  }
+  const double ratio = mesh->codec_ratio > 0 ? mesh->codec_ratio : 1.0;
+  // Measured: straitd should land on the balanced split of the rates it sees.
+  mesh->floor_s =
+      PairFloor(s.table, mode == "measured" && !links_equal ? BalancedWeights(s.table) : weights,
+                bytes, ratio);
+  mesh->bound_s = links_equal ? LinkBound(s, f.regions, bytes, ratio) : mesh->floor_s;
+  return mesh;
+}
+
+int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
+                    const GlobalFlags& globals) {
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   ::sigaction(SIGINT, &sa, nullptr);
@@ -89,11 +121,7 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   rep.flags = f;
   rep.setup = s;
   rep.links_equal = LinksEqual(s.table);
-  const double n = f.regions;
-  const double bytes = static_cast<double>(f.size);
-  // Every gateway's WAN bytes together, uncompressed, whatever the split: each region sends its
-  // parts of the n-1 other shards, and each owner its result to n-1 regions: 2(n-1)S in all.
-  const double plain_bytes_total = 2.0 * bytes * (n - 1);
+  rep.sizes = sizes;
   int job_index = 0;
   for (const std::string& mode : shard_modes) {
     // Equal links, and measured: none (straitd measures its links and balances on them, which
@@ -108,24 +136,16 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
       if (Status st = StartGateways(f, s, weights, c); !st.ok()) return fail(st);
     }
     for (const std::string& codec : codecs) {
-      // A job per row: error-feedback residuals and op sequences never carry over.
-      const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
-      StatusOr<RunResult> mesh = RunRanks(f, c, "mesh", codec, job, {}, &progress);
-      if (!mesh.ok()) return fail(mesh.status());
-      mesh->label = "mesh " + codec + (shard_modes.size() > 1 ? " " + mode : "");
-      mesh->shards = mode;
-      mesh->weights = weights;
-      mesh->participants = f.regions;
-      if (mesh->wan_bytes_per_iter > 0) {
-        mesh->codec_ratio = plain_bytes_total / static_cast<double>(mesh->wan_bytes_per_iter);
+      // The sweep runs on the same gateways, a job per row and size: error-feedback residuals
+      // and op sequences never carry over.
+      for (const uint64_t size : sizes) {
+        const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
+        StatusOr<RunResult> mesh = RunMeshRow(f, s, rep.links_equal, c, codec, mode,
+                                              shard_modes.size() > 1, weights, size, job,
+                                              &progress);
+        if (!mesh.ok()) return fail(mesh.status());
+        rep.runs.push_back(*std::move(mesh));
       }
-      const double ratio = mesh->codec_ratio > 0 ? mesh->codec_ratio : 1.0;
-      // Measured: straitd should land on the balanced split of the rates it sees.
-      mesh->floor_s = PairFloor(
-          s.table, mode == "measured" && !rep.links_equal ? BalancedWeights(s.table) : weights,
-          bytes, ratio);
-      mesh->bound_s = rep.links_equal ? LinkBound(s, f.regions, bytes, ratio) : mesh->floor_s;
-      rep.runs.push_back(*mesh);
     }
   }
 
@@ -142,17 +162,22 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
     }
     std::string list;
     for (const std::string& a : addrs) AppendToList(list, a, ",");
-    StatusOr<RunResult> ring =
-        RunRanks(f, c, "ring", "none", "ring", {"--ring-addrs", list}, &progress);
-    if (!ring.ok()) return fail(ring.status());
-    ring->label = "ring none (baseline)";
-    ring->codec = "none";
-    ring->participants = f.regions * f.ranks_per_region;
-    // Held to the uncompressed mesh (DESIGN's bound, or with unequal links the even split's
-    // floor); the ring's own floor is not computed (floor_s stays 0).
-    ring->bound_s =
-        rep.links_equal ? LinkBound(s, f.regions, bytes, 1.0) : PairFloor(s.table, {}, bytes, 1.0);
-    rep.runs.push_back(*ring);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      Flags sized = f;
+      sized.size = sizes[k];
+      StatusOr<RunResult> ring = RunRanks(sized, c, "ring", "none", "ring" + std::to_string(k),
+                                          {"--ring-addrs", list}, &progress);
+      if (!ring.ok()) return fail(ring.status());
+      ring->label = "ring none (baseline)";
+      ring->codec = "none";
+      ring->participants = f.regions * f.ranks_per_region;
+      // Held to the uncompressed mesh (DESIGN's bound, or with unequal links the even split's
+      // floor); the ring's own floor is not computed (floor_s stays 0).
+      const double bytes = static_cast<double>(sizes[k]);
+      ring->bound_s = rep.links_equal ? LinkBound(s, f.regions, bytes, 1.0)
+                                      : PairFloor(s.table, {}, bytes, 1.0);
+      rep.runs.push_back(*std::move(ring));
+    }
   }
   progress.Clear();
 
@@ -163,6 +188,7 @@ int RunOrchestrator(const Flags& f, const GlobalFlags& globals) {
   if (!ok) std::cerr << "strait-bench allreduce: FAILED: wrong or non-identical results\n";
   return ok ? kExitOk : kExitFailure;
 }
+
 
 }  // namespace
 
@@ -185,9 +211,36 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "Rank processes per region, each with its own straitd")
       ->check(IntValidator(1, 8))
       ->capture_default_str();
-  cmd.add_option("--size", f->size, "fp32 bytes all-reduced per iteration (e.g. 64MiB)")
-      ->transform(SizeValidator(1024, uint64_t{4} << 30))
+  CLI::Option* size =
+      cmd.add_option("--size", f->size, "Bytes all-reduced per iteration (e.g. 64MiB); one size")
+          ->transform(SizeValidator(1024, uint64_t{4} << 30))
+          ->capture_default_str();
+  // nccl-tests' sweep flags, short and long forms alike.
+  CLI::Option* min_bytes =
+      cmd.add_option("-b,--minbytes", f->min_bytes,
+                     "Sweep: the first size (e.g. 4KiB); with -e and -f, one row per size, the "
+                     "gateways started once")
+          ->transform(SizeValidator(1024, uint64_t{4} << 30))
+          ->type_name("SIZE");
+  CLI::Option* max_bytes =
+      cmd.add_option("-e,--maxbytes", f->max_bytes, "Sweep: the largest size (e.g. 256MiB)")
+          ->transform(SizeValidator(1024, uint64_t{4} << 30))
+          ->type_name("SIZE");
+  CLI::Option* step =
+      cmd.add_option("-f,--stepfactor", f->step_factor,
+                     "Sweep: each size is the previous one times this (at least 2)")
+          ->capture_default_str();
+  size->excludes(min_bytes)->excludes(max_bytes)->excludes(step);
+  auto sweep_given = [min_bytes, max_bytes, step] {
+    return min_bytes->count() + max_bytes->count() + step->count() > 0;
+  };
+  cmd.add_option("--dtype", f->dtype_name,
+                 "Element type of the tensor: float32, bfloat16 or float16 (the ring baseline: "
+                 "float32 only)")
       ->capture_default_str();
+  cmd.add_flag("--phases", f->phases,
+               "Print each gateway's time per op split into encode, waiting for frames, on the "
+               "wire, reduce, decode and local hand-over (straitd's stats counters)");
   cmd.add_option("--codec", f->codec,
                  "Job policy for the mesh: none, zstd[:L], int8, int4, fp8, auto [,ef|,noef]; "
                  "several separated by '/' run one mesh row each (e.g. int8/zstd)")
@@ -251,14 +304,43 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--rank-barrier", f->barrier)->group("");
   cmd.add_option("--ring-addrs", f->ring_addrs)->group("");
 
-  return [f](const GlobalFlags& globals) -> int {
+  return [f, sweep_given](const GlobalFlags& globals) -> int {
     ::signal(SIGPIPE, SIG_IGN);
-    if (f->size % 4 != 0) return UsageError(kCommand, "--size", "must be a multiple of 4 (fp32)");
+    StatusOr<DataType> dtype = ParseSweepDtype(f->dtype_name);
+    if (!dtype.ok()) return UsageError(kCommand, "--dtype", dtype.status().message());
+    f->dtype = *dtype;
+    const size_t elem = DataTypeSize(f->dtype);
+    if (f->size % elem != 0) {
+      return UsageError(kCommand, "--size",
+                        "must be a multiple of " + std::to_string(elem) + " (" +
+                            f->dtype_name + ")");
+    }
     if (f->role == "mesh") return RunMeshRank(*f);
     if (f->role == "ring") return RunRingRank(*f);
     if (!f->role.empty()) return UsageError(kCommand, "--rank-role", "mesh or ring");
-    return RunOrchestrator(*f, globals);
+    // No sweep flag: the one --size. Only one of -b/-e: that one size.
+    std::vector<uint64_t> sizes = {f->size};
+    if (sweep_given()) {
+      const uint64_t b = f->min_bytes != 0 ? f->min_bytes : f->max_bytes;
+      const uint64_t e = f->max_bytes != 0 ? f->max_bytes : f->min_bytes;
+      if (b == 0) {
+        return UsageError(kCommand, "--stepfactor", "needs -b/--minbytes and -e/--maxbytes");
+      }
+      StatusOr<std::vector<uint64_t>> swept = SweepSizes(b, e, f->step_factor, elem);
+      if (!swept.ok()) {
+        // The message names the flag.
+        std::cerr << "strait-bench " << kCommand << ": " << swept.status().message() << '\n';
+        return kExitUsage;
+      }
+      sizes = *std::move(swept);
+    }
+    if (f->baseline == "ring" && f->dtype != DataType::kFloat32) {
+      return UsageError(kCommand, "--baseline",
+                        "the ring baseline sums float32 only; drop it or use --dtype float32");
+    }
+    return RunOrchestrator(*f, sizes, globals);
   };
 }
+
 
 }  // namespace strait::bench

@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "gateway/config.h"
 #include "strait/status.h"
+#include "strait/types.h"
 
 namespace strait::bench::allreduce {
 
@@ -64,6 +65,13 @@ struct Flags {
   std::string cc;  // straitd's link.congestion_control; empty: the namespace's default
   std::string straitd;
   double timeout_s = 600;
+  // nccl-tests' size sweep: -b/--minbytes, -e/--maxbytes (0: not given), -f/--stepfactor.
+  uint64_t min_bytes = 0;
+  uint64_t max_bytes = 0;
+  uint64_t step_factor = 2;
+  std::string dtype_name = "float32";    // --dtype as given
+  DataType dtype = DataType::kFloat32;   // --dtype parsed (ranks are passed dtype_name)
+  bool phases = false;                   // --phases: per-gateway time split under the table
   // Hidden: rank mode.
   std::string role;
   int rank_region = 0;
@@ -94,8 +102,10 @@ struct Check {
 // Compares result[0, end-begin) with the fp64 sum over regions of elements [begin, end) of each
 // region's tensor, within fp32 rounding (levels 0) or the lossy codec's step bound (levels:
 // LossyLevels of the resolved policy).
+// `result` is the rank's result widened to fp32; for bfloat16 and float16 the reference's
+// inputs are rounded to `dtype` and the allowance is that type's rounding.
 Check CheckAgainstReference(const float* result, size_t count_total, size_t begin, size_t end,
-                            int regions, double levels);
+                            int regions, double levels, DataType dtype);
 // One line on stdout, flushed.
 void Emit(const std::string& line);
 // Waits until `ranks` ranks arrived at `iteration` (files in `dir`).
@@ -177,8 +187,18 @@ bool LinksEqual(const wanem::LinkTable& t);
 
 // --- One row (allreduce_runner.cc) -------------------------------------------------------------
 
+// One straitd's time counters per measured iteration, in ms (keys of kTimeKeys without "_ns").
+struct GatewayTimes {
+  int region = 0;
+  int index = 0;  // shard index, = the rank's index in its region
+  std::vector<std::pair<std::string, double>> ms;
+
+  double Get(const std::string& key) const;
+};
+
 struct RunResult {
   std::string label;
+  uint64_t size = 0;   // bytes all-reduced per iteration (the sweep's size)
   std::string codec;   // mesh: the --codec entry
   std::string shards;  // mesh: "weighted", "balanced", "measured" or "even"; ring: ""
   std::vector<uint64_t> weights;
@@ -204,6 +224,8 @@ struct RunResult {
   // Mesh: straitd's time counters per measured iteration, mean over the gateways, in ms (keys
   // of kTimeKeys without "_ns").
   std::vector<std::pair<std::string, double>> gateway_ms;
+  // Mesh: the same per gateway, in rank order (region-major).
+  std::vector<GatewayTimes> gateways;
 };
 
 // Runs one rank process per (region, index) with `extra` rank flags, waits with a progress
@@ -217,7 +239,9 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
 struct Report {
   Flags flags;
   Setup setup;
-  std::vector<RunResult> runs;  // the mesh rows, then the ring baseline when asked for
+  std::vector<uint64_t> sizes;   // the sweep's sizes, ascending (one: --size)
+  // The mesh rows (per shard mode, codec, size), then the ring baseline's (per size).
+  std::vector<RunResult> runs;
   bool links_equal = true;
 };
 

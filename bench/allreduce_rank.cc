@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <span>
 #include <thread>
 
 #include "bench/allreduce_internal.h"
 #include "bench/gradient.h"
 #include "localproto/client.h"
+#include "strait/codec.h"
 
 namespace strait::bench::allreduce {
 
@@ -42,6 +44,15 @@ uint64_t StatValue(const std::string& stats, const std::string& key) {
     at += needle.size();
   }
   return 0;
+}
+
+// Rounds data[0, n) to `dtype` and back to fp32 in place (what a rank sends, as fp32).
+void RoundTo(DataType dtype, float* data, size_t n) {
+  std::vector<uint8_t> narrow(n * DataTypeSize(dtype));
+  if (!ConvertFromFloat(data, narrow.data(), dtype, n).ok() ||
+      !ConvertToFloat(narrow.data(), dtype, data, n).ok()) {
+    std::fill(data, data + n, std::nanf(""));  // fails the check loudly rather than passing
+  }
 }
 
 }  // namespace
@@ -75,8 +86,12 @@ std::string Hex(uint64_t v) {
 // off by one step of its block (quantization plus the residual error feedback carries) and the
 // result by half a step of its own block; blocks are taken as any 256-element window within two
 // blocks either side, since the gateway's shards need not align with this slice.
+// bfloat16 and float16: the inputs are the fp32 data rounded to `dtype` (what the ranks send),
+// the sum is fp64 over those, and the rounding allowance is that of `dtype` (each partial sum
+// may be rounded to it; float16 also allows its subnormal spacing per term), added to the lossy
+// allowance.
 Check CheckAgainstReference(const float* result, size_t count_total, size_t begin, size_t end,
-                            int regions, double levels) {
+                            int regions, double levels, DataType dtype) {
   const size_t n = end - begin;
   constexpr size_t kBlock = 256;
   const size_t blocks = (n + kBlock - 1) / kBlock;
@@ -94,6 +109,7 @@ Check CheckAgainstReference(const float* result, size_t count_total, size_t begi
   };
   for (int r = 0; r < regions; ++r) {
     FillGradient(RegionSeed(r), full);
+    if (dtype != DataType::kFloat32) RoundTo(dtype, full.data() + begin, n);
     std::fill(block_max.begin(), block_max.end(), 0.0);
     for (size_t i = 0; i < n; ++i) {
       const double x = full[begin + i];
@@ -109,6 +125,13 @@ Check CheckAgainstReference(const float* result, size_t count_total, size_t begi
     block_max[i / kBlock] = std::max(block_max[i / kBlock], std::fabs(ref[i]));
   }
   const std::vector<double> out_max = widen(block_max);
+  // fp32's 1.2e-7 is its machine epsilon (2^-23); bfloat16's is 2^-7, float16's 2^-10, whose
+  // smallest subnormal step (2^-24) also bounds the error of tiny terms.
+  const double eps = dtype == DataType::kBfloat16  ? 0x1p-7
+                     : dtype == DataType::kFloat16 ? 0x1p-10
+                                                   : 1.2e-7;
+  const double rounding = 4.0 * regions * eps;
+  const double floor = dtype == DataType::kFloat16 ? 4.0 * regions * 0x1p-24 : 0.0;
   Check c;
   for (size_t i = 0; i < n; ++i) {
     const double err = std::fabs(static_cast<double>(result[i]) - ref[i]);
@@ -116,8 +139,9 @@ Check CheckAgainstReference(const float* result, size_t count_total, size_t begi
     if (levels > 0) {
       // 1.25: error feedback's compensated input can exceed the block's absmax by a step.
       tol = 1.25 * (step_sum[i / kBlock] + 0.5 * out_max[i / kBlock]) / levels;
+      if (dtype != DataType::kFloat32) tol += rounding * sum_abs[i] + floor;
     } else {
-      tol = 4.0 * regions * 1.2e-7 * sum_abs[i];
+      tol = rounding * sum_abs[i] + floor;
     }
     tol += 1e-37;
     c.max_error = std::max(c.max_error, err);
@@ -183,14 +207,20 @@ int RunMeshRank(const Flags& f) {
     std::cerr << "rank " << f.rank_region << ": register: " << policy.status() << '\n';
     return kExitFailure;
   }
-  const size_t count = f.size / 4;
+  // The tensor in --dtype: the fp32 gradient data rounded to it (CheckAgainstReference rounds
+  // the reference's inputs the same way).
+  const size_t elem = DataTypeSize(f.dtype);
+  const size_t count = f.size / elem;
   const auto [begin, end] = Slice(count, f.ranks_per_region, f.rank_index);
-  std::vector<float> input(end - begin), data(end - begin);
+  std::vector<uint8_t> input((end - begin) * elem), data(input.size());
   {
     std::vector<float> full(count);
     FillGradient(RegionSeed(f.rank_region), full);
-    std::copy(full.begin() + static_cast<ptrdiff_t>(begin),
-              full.begin() + static_cast<ptrdiff_t>(end), input.begin());
+    const std::span<const float> mine(full.data() + begin, end - begin);
+    if (Status s = ConvertGradient(mine, f.dtype, input.data()); !s.ok()) {
+      std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << s << '\n';
+      return kExitFailure;
+    }
   }
   Json times = Json::array(), starts = Json::array();
   uint64_t sent_before = 0;
@@ -212,8 +242,8 @@ int RunMeshRank(const Flags& f) {
       }
     }
     const int64_t t0 = MonotonicNanos();
-    Status s = (*client)->AllReduce(f.job, "grad", DataType::kFloat32, ReduceOp::kSum, data.data(),
-                                    data.size(), Deadline::AfterSeconds(f.timeout_s));
+    Status s = (*client)->AllReduce(f.job, "grad", f.dtype, ReduceOp::kSum, data.data(),
+                                    end - begin, Deadline::AfterSeconds(f.timeout_s));
     const int64_t t1 = MonotonicNanos();
     if (!s.ok()) {
       std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": all-reduce " << it << ": "
@@ -234,8 +264,13 @@ int RunMeshRank(const Flags& f) {
     const uint64_t before = StatValue(stats_before, key);
     gateway_ns[key] = after >= before ? (after - before) / static_cast<uint64_t>(f.iters) : 0;
   }
-  const Check c =
-      CheckAgainstReference(data.data(), count, begin, end, f.regions, LossyLevels(*policy));
+  std::vector<float> result(end - begin);
+  if (Status s = ConvertToFloat(data.data(), f.dtype, result.data(), result.size()); !s.ok()) {
+    std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << s << '\n';
+    return kExitFailure;
+  }
+  const Check c = CheckAgainstReference(result.data(), count, begin, end, f.regions,
+                                        LossyLevels(*policy), f.dtype);
   Json out;
   out["region"] = f.rank_region;
   out["rank"] = f.rank_index;
@@ -246,7 +281,7 @@ int RunMeshRank(const Flags& f) {
   out["gateway_ns"] = gateway_ns;
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
-  out["hash"] = Hex(Fnv1a(data.data(), data.size() * 4));
+  out["hash"] = Hex(Fnv1a(data.data(), data.size()));
   Emit("result " + out.dump());
   return kExitOk;
 }

@@ -166,7 +166,8 @@ int RunRingRank(const Flags& f) {
   }
   ::close(fds->first);
   ::close(fds->second);
-  const Check c = CheckAgainstReference(data.data(), count, 0, count, f.regions, 0);
+  const Check c =
+      CheckAgainstReference(data.data(), count, 0, count, f.regions, 0, DataType::kFloat32);
   Json out;
   out["region"] = f.rank_region;
   out["rank"] = f.rank_index;

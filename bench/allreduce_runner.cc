@@ -110,6 +110,13 @@ class LinkSampler {
 
 }  // namespace
 
+double GatewayTimes::Get(const std::string& key) const {
+  for (const auto& [k, v] : ms) {
+    if (k == key) return v;
+  }
+  return 0.0;
+}
+
 StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role,
                              const std::string& codec, const std::string& job,
                              const std::vector<std::string>& extra, ProgressLine* progress) {
@@ -144,6 +151,8 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
                                        std::to_string(f.iters),
                                        "--warmup",
                                        std::to_string(f.warmup),
+                                       "--dtype",
+                                       f.dtype_name,
                                        "--codec",
                                        codec,
                                        "--timeout",
@@ -203,6 +212,7 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
   }
   RunResult res;
   res.codec = codec;
+  res.size = f.size;
   res.wall_ns = wall.ElapsedNanos();
   std::vector<int64_t> slowest(static_cast<size_t>(f.iters), 0);
   std::vector<std::string> hashes(static_cast<size_t>(k));
@@ -236,6 +246,15 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
     wan_bytes += j["wan_bytes_sent"].get<uint64_t>();
     region_bytes[idx / static_cast<size_t>(k)] += j["wan_bytes_sent"].get<uint64_t>();
     if (j.contains("gateway_ns")) {
+      GatewayTimes g;
+      g.region = j["region"].get<int>();
+      g.index = j["rank"].get<int>();
+      for (const char* key : kTimeKeys) {
+        std::string name(key);
+        name.resize(name.size() - 3);  // "_ns"
+        g.ms.emplace_back(name, j["gateway_ns"].value(key, 0.0) / 1e6);
+      }
+      res.gateways.push_back(std::move(g));
       for (const char* key : kTimeKeys) {
         std::string name(key);
         name.resize(name.size() - 3);  // "_ns"
