@@ -17,9 +17,13 @@
 // its split on strait-wanem's per-pair links, how busy the emulated links were (router
 // counters sampled through the run) and straitd's own time split (its stats counters).
 //
-// Checked every run: each rank's result against an fp64 reference of the sum (lossless codecs:
-// within fp32 rounding; lossy: within the codec's per-block step bound, error feedback
-// included), and every region's copy of each slice bit for bit against the others.
+// Sizes: one (--size) or nccl-tests' sweep (-b/-e/-f: b, b x f, ... up to e), every size on the
+// same gateways, one row each. --dtype float32, bfloat16 or float16 is the tensor's type.
+//
+// Checked every run: each rank's result against an fp64 reference of the sum of the inputs as
+// the ranks sent them (rounded to --dtype; lossless codecs: within that type's rounding; lossy:
+// within the codec's per-block step bound, error feedback included, plus that rounding), and
+// every region's copy of each slice bit for bit against the others.
 #ifndef STRAIT_BENCH_ALLREDUCE_BENCH_H_
 #define STRAIT_BENCH_ALLREDUCE_BENCH_H_
 

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -169,6 +170,105 @@ TEST(AllReduceBench, LoopbackOverTls) {
   ASSERT_EQ(j["runs"].size(), 1u);
   EXPECT_EQ(j["runs"][0]["wrong"], 0);
   EXPECT_EQ(j["runs"][0]["identical"], true);
+}
+
+// nccl-tests' sweep on one set of gateways: -b 4KiB -e 64KiB -f 4 is 4, 16 and 64 KiB, one
+// object per size in --json, each verified (no wrong element, every region the same bits), in
+// bfloat16 through the gateways' int8 codec (lossy from 4 KiB in the bench's policy).
+TEST(AllReduceBench, SweepGivesOneVerifiedObjectPerSizeInBfloat16) {
+  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+                             "1", "-b", "4KiB", "-e", "64KiB", "-f", "4", "--iters", "2",
+                             "--dtype", "bfloat16", "--codec", "int8", "--straitd",
+                             STRAITD_BINARY, "--timeout", "30", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["dtype"], "bfloat16");
+  EXPECT_EQ(j["type"], "bfloat16");
+  ASSERT_EQ(j["sizes"].size(), 3u) << j;
+  const uint64_t sizes[] = {4096, 16384, 65536};
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& s = j["sizes"][k];
+    EXPECT_EQ(s["size_bytes"], sizes[k]) << s;
+    EXPECT_EQ(s["count"], sizes[k] / 2) << s;
+    ASSERT_EQ(s["runs"].size(), 1u) << s;
+    const auto& run = s["runs"][0];
+    EXPECT_EQ(run["size_bytes"], sizes[k]) << run;
+    EXPECT_EQ(run["wrong"], 0) << run;
+    EXPECT_EQ(run["identical"], true) << run;
+    EXPECT_GT(run["time_s"].get<double>(), 0.0) << run;
+    // 2 regions: busbw = algbw x 2(n-1)/n = algbw.
+    EXPECT_DOUBLE_EQ(run["busbw_gbs"].get<double>(), run["algbw_gbs"].get<double>()) << run;
+    EXPECT_EQ(run["policy"].get<std::string>().rfind("int8", 0), 0u) << run;
+    // Every size is a small message; on loopback there is no RTT to hold it to.
+    EXPECT_TRUE(run["small_message"]["rtt_s"].is_null()) << run;
+    ASSERT_EQ(run["gateway_phases_ms"].size(), 2u) << run;
+    EXPECT_GT(run["gateway_phases_ms"][0]["allreduce_ms"].get<double>(), 0.0) << run;
+  }
+  // The single-size fields are the first size's.
+  EXPECT_EQ(j["size_bytes"], 4096);
+  EXPECT_EQ(j["runs"][0]["size_bytes"], 4096);
+}
+
+// The human table of a float32 sweep: one row per size (size and element count in their
+// columns, result verified), the small-message lines and, with --phases, a phase table per size
+// with a line per gateway.
+TEST(AllReduceBench, SweepTablePrintsOneRowPerSizeAndThePhases) {
+  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+                             "1", "--minbytes", "4KiB", "--maxbytes", "64KiB", "--stepfactor",
+                             "4", "--iters", "1", "--codec", "zstd", "--phases", "--straitd",
+                             STRAITD_BINARY, "--timeout", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::vector<std::string> rows;
+  size_t phase_lines = 0, small_lines = 0;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("mesh zstd", 0) == 0) rows.push_back(line);
+    if (line.rfind("#  r", 0) == 0) ++phase_lines;  // "#  r0.0  1.2 ..."
+    if (line.rfind("#   mesh zstd, ", 0) == 0) ++small_lines;
+  }
+  ASSERT_EQ(rows.size(), 3u) << r.out;
+  const char* sizes[] = {" 4096 ", " 16384 ", " 65536 "};
+  const char* counts[] = {" 1024 ", " 4096 ", " 16384 "};
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_NE(rows[k].find(sizes[k]), std::string::npos) << rows[k];
+    EXPECT_NE(rows[k].find(counts[k]), std::string::npos) << rows[k];
+    EXPECT_NE(rows[k].find(" float "), std::string::npos) << rows[k];
+    // #wrong 0, then n/a bound and meas/bnd (loopback), identical.
+    EXPECT_NE(rows[k].find(" 0       n/a       n/a yes"), std::string::npos) << rows[k];
+  }
+  EXPECT_EQ(small_lines, 3u) << r.out;
+  EXPECT_EQ(phase_lines, 3u * 2u) << r.out;  // 3 sizes x 2 gateways
+  EXPECT_NE(r.out.find("hand-over"), std::string::npos) << r.out;
+}
+
+TEST(AllReduceBench, Float16IsCheckedInItsOwnRounding) {
+  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+                             "2", "--size", "256KiB", "--iters", "1", "--dtype", "float16",
+                             "--codec", "zstd", "--straitd", STRAITD_BINARY, "--timeout", "30",
+                             "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["type"], "half");
+  EXPECT_EQ(j["count"], 128 * 1024);
+  ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_EQ(j["runs"][0]["wrong"], 0) << j["runs"][0];
+  EXPECT_EQ(j["runs"][0]["identical"], true) << j["runs"][0];
+}
+
+TEST(AllReduceBench, BadSweepAndDtypeFlagsAreUsageErrors) {
+  EXPECT_EQ(RunBench({"allreduce", "-b", "64KiB", "-e", "4KiB"}).exit_code, 2);  // b > e
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "1"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "0"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "lots", "-e", "64KiB"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "two"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--maxbytes", "12"}).exit_code, 2);  // below 1 KiB
+  EXPECT_EQ(RunBench({"allreduce", "--size", "4KiB", "-b", "4KiB", "-e", "8KiB"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "1026", "-e", "4KiB"}).exit_code, 2);  // not fp32
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "int8"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "bfloat16", "--baseline", "ring"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "float16", "--size", "1027"}).exit_code, 2);
 }
 
 TEST(AllReduceBench, BadFlagsAreUsageErrors) {

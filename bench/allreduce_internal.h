@@ -1,0 +1,257 @@
+// The pieces of `strait-bench allreduce` shared between its files (see allreduce_bench.h for
+// what the command measures). Not installed, not used outside bench/allreduce_*.cc.
+//
+// Files, by concern:
+//   allreduce_bench.cc    the flags and the orchestrator's top level (one run: set-up, rows,
+//                         report);
+//   allreduce_rank.cc     the hidden rank mode through a straitd: the per-iteration barrier,
+//                         the all-reduce loop and the check against the reference;
+//   allreduce_ring.cc     the hidden rank mode of the baseline: a flat TCP ring;
+//   allreduce_cluster.cc  processes, straitd configs and start-up, certificates, shard weights
+//                         and the per-pair floor of the emulated links;
+//   allreduce_runner.cc   one row: rank processes started, waited for and folded into a
+//                         RunResult, the emulated links sampled meanwhile;
+//   allreduce_report.cc   the human table and the --json report.
+//
+// Rank processes report on stdout, which the orchestrator sends to a file per rank:
+//   "progress <iterations done>\n" after each iteration, then one "result <json>\n" line.
+#ifndef STRAIT_BENCH_ALLREDUCE_INTERNAL_H_
+#define STRAIT_BENCH_ALLREDUCE_INTERNAL_H_
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "bench/wanem/config.h"
+#include "bench/wanem/emulator.h"
+#include "common/clock.h"
+#include "gateway/config.h"
+#include "strait/status.h"
+#include "strait/types.h"
+
+namespace strait::bench::allreduce {
+
+using Json = nlohmann::ordered_json;
+
+inline constexpr const char* kCommand = "allreduce";
+inline constexpr const char* kJob = "strait-bench-allreduce";
+// Ports inside each region's namespace (fresh namespaces: nothing else listens there).
+inline constexpr int kGatewayPortBase = 7400;
+inline constexpr int kRingPortBase = 7600;
+
+struct Flags {
+  int regions = 3;
+  int ranks_per_region = 2;
+  uint64_t size = uint64_t{64} << 20;
+  std::string codec = "int8";  // a list: one mesh row per codec (and shard mode)
+  std::string link = "100mbit,20ms";
+  std::vector<std::string> pairs;   // strait-wanem --pair overrides
+  std::string shards = "weighted";  // a list of "weighted", "balanced", "measured", "even"
+  std::string transport = "auto";   // auto (tls when emulated), tls, plain
+  int iters = 5;
+  int warmup = 1;
+  std::string baseline = "none";
+  bool loopback = false;
+  int streams = gateway::kDefaultLinkStreams;  // straitd's link.streams default
+  bool adapt_streams = true;
+  std::string cc;  // straitd's link.congestion_control; empty: the namespace's default
+  std::string straitd;
+  double timeout_s = 600;
+  // nccl-tests' size sweep: -b/--minbytes, -e/--maxbytes (0: not given), -f/--stepfactor.
+  uint64_t min_bytes = 0;
+  uint64_t max_bytes = 0;
+  uint64_t step_factor = 2;
+  std::string dtype_name = "float32";    // --dtype as given
+  DataType dtype = DataType::kFloat32;   // --dtype parsed (ranks are passed dtype_name)
+  bool phases = false;                   // --phases: per-gateway time split under the table
+  // Hidden: rank mode.
+  std::string role;
+  int rank_region = 0;
+  int rank_index = 0;
+  std::string socket;
+  std::string ring_addrs;
+  std::string job = kJob;
+  std::string barrier;  // the directory of the per-iteration barrier (see IterationBarrier)
+};
+
+// Set by SIGINT/SIGTERM in the orchestrator: its waits give up, and Cluster's destructor stops
+// the gateways and the emulator instead of leaving them behind.
+extern volatile sig_atomic_t g_interrupted;
+
+// --- Shared by both rank modes (allreduce_rank.cc) ---------------------------------------------
+
+uint64_t RegionSeed(int region);
+// [begin, end) of slice `index` of `count` elements split `parts` ways.
+std::pair<size_t, size_t> Slice(size_t count, int parts, int index);
+uint64_t Fnv1a(const void* data, size_t bytes);
+std::string Hex(uint64_t v);
+
+struct Check {
+  double max_error = 0;
+  uint64_t wrong = 0;
+};
+
+// Compares result[0, end-begin) with the fp64 sum over regions of elements [begin, end) of each
+// region's tensor, within fp32 rounding (levels 0) or the lossy codec's step bound (levels:
+// LossyLevels of the resolved policy).
+// `result` is the rank's result widened to fp32; for bfloat16 and float16 the reference's
+// inputs are rounded to `dtype` and the allowance is that type's rounding.
+Check CheckAgainstReference(const float* result, size_t count_total, size_t begin, size_t end,
+                            int regions, double levels, DataType dtype);
+// One line on stdout, flushed.
+void Emit(const std::string& line);
+// Waits until `ranks` ranks arrived at `iteration` (files in `dir`).
+Status IterationBarrier(const std::string& dir, int rank, int ranks, int iteration,
+                        Deadline deadline);
+
+int RunMeshRank(const Flags& f);
+int RunRingRank(const Flags& f);  // allreduce_ring.cc
+
+// straitd's time counters (see gateway_impl.h) that the report splits an iteration into.
+inline constexpr const char* kTimeKeys[] = {"handle_ns", "allreduce_ns", "encode_ns",
+                                            "reduce_ns", "decode_ns",    "wait_ns",
+                                            "ack_wait_ns"};
+
+// --- Processes, gateways and links (allreduce_cluster.cc) ---------------------------------------
+
+std::string SelfExe();
+// Starts argv (searched on PATH) with stdout and stderr into files.
+StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& out,
+                      const std::string& err);
+std::string ReadFile(const std::string& path);
+// Ports the kernel just handed out for 127.0.0.1 (all held open at once, so they differ).
+std::vector<uint16_t> FreeLoopbackPorts(int n);
+
+struct Proc {
+  pid_t pid = -1;
+  std::string name, out, err;
+};
+
+// Everything the run started, stopped and removed however the run ends.
+struct Cluster {
+  std::string dir;
+  std::unique_ptr<wanem::Emulator> emulator;
+  std::vector<Proc> daemons;
+  // Bumped each time the gateways are (re)started, so that a new set never reuses the sockets
+  // and ports of the previous one (closed listeners may linger in TIME_WAIT).
+  int generation = 0;
+  std::vector<uint64_t> weights;  // the shard weights the running gateways were given
+  wanem::LinkTable table;         // what the emulator applies
+
+  Cluster() = default;
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+  ~Cluster();
+  void StopDaemons();
+};
+
+struct Setup {
+  bool emulated = false;
+  bool tls = false;
+  std::string why_loopback;
+  wanem::LinkTable table;
+};
+
+// argv run inside region `region`'s namespace when emulating.
+std::vector<std::string> InRegion(const Cluster& c, int region, std::vector<std::string> argv);
+// The address region `region`'s processes listen on.
+std::string Addr(const Setup& s, int region);
+std::string RegionName(int region);
+// A throwaway CA and one certificate per region, in `dir`.
+Status MakeCertificates(const std::string& dir, int regions);
+// The Unix socket of straitd (region, index) of the running generation.
+std::string SocketPath(const Cluster& c, int region, int index);
+// Starts one straitd per (region, rank index) with `weights` as allreduce.shard_weights (none
+// when empty: equal shards), after stopping any running set.
+Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>& weights,
+                     Cluster& c);
+
+// The rate of a directed pair in bit/s; "unlimited" (0) counts as 100 Gbit/s.
+double RateBps(const wanem::LinkTable& t, int src, int dst);
+// Each region's weight: the rate (kbit/s) of its slowest link in either direction.
+std::vector<uint64_t> SlowestLinkWeights(const wanem::LinkTable& t);
+// collective::BalancedShardWeights on the emulated per-pair rates.
+std::vector<uint64_t> BalancedWeights(const wanem::LinkTable& t);
+// The mesh's floor on strait-wanem's per-pair links for a split and a codec ratio.
+double PairFloor(const wanem::LinkTable& t, const std::vector<uint64_t>& weights, double bytes,
+                 double ratio);
+bool LinksEqual(const wanem::LinkTable& t);
+
+// --- One row (allreduce_runner.cc) -------------------------------------------------------------
+
+// One straitd's time counters per measured iteration, in ms (keys of kTimeKeys without "_ns").
+struct GatewayTimes {
+  int region = 0;
+  int index = 0;  // shard index, = the rank's index in its region
+  std::vector<std::pair<std::string, double>> ms;
+
+  double Get(const std::string& key) const;
+};
+
+struct RunResult {
+  std::string label;
+  uint64_t size = 0;   // bytes all-reduced per iteration (the sweep's size)
+  std::string codec;   // mesh: the --codec entry
+  std::string shards;  // mesh: "weighted", "balanced", "measured" or "even"; ring: ""
+  std::vector<uint64_t> weights;
+  std::string policy;
+  int participants = 0;  // busbw's n
+  double time_s = 0;     // mean over iterations of the slowest rank's time
+  double max_error = 0;
+  uint64_t wrong = 0;
+  bool identical = true;
+  uint64_t wan_bytes_per_iter = 0;                  // mesh: every gateway's WAN bytes sent, summed
+  std::vector<uint64_t> region_wan_bytes_per_iter;  // mesh: the same per region
+  double codec_ratio = 0;  // mesh: uncompressed mesh bytes / wan_bytes_per_iter
+  double bound_s = 0;      // DESIGN's link bound (0: not applicable)
+  double floor_s = 0;      // PairFloor for this row's split and ratio
+  int64_t wall_ns = 0;
+  // Emulated links over the measured iterations (first start to last end, every rank): bytes
+  // the router delivered / (rate x window), mean and lowest over the directed pairs that carry
+  // data (not only acks), and packets it dropped (tail drop, loss or policer). Below 1: idle
+  // link time.
+  double link_use_mean = 0;
+  double link_use_min = 0;
+  uint64_t link_drops = 0;
+  // Mesh: straitd's time counters per measured iteration, mean over the gateways, in ms (keys
+  // of kTimeKeys without "_ns").
+  std::vector<std::pair<std::string, double>> gateway_ms;
+  // Mesh: the same per gateway, in rank order (region-major).
+  std::vector<GatewayTimes> gateways;
+};
+
+// Runs one rank process per (region, index) with `extra` rank flags, waits with a progress
+// line, and folds their results.
+StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role,
+                             const std::string& codec, const std::string& job,
+                             const std::vector<std::string>& extra, ProgressLine* progress);
+
+// --- The report (allreduce_report.cc) ----------------------------------------------------------
+
+struct Report {
+  Flags flags;
+  Setup setup;
+  std::vector<uint64_t> sizes;   // the sweep's sizes, ascending (one: --size)
+  // The mesh rows (per shard mode, codec, size), then the ring baseline's (per size).
+  std::vector<RunResult> runs;
+  bool links_equal = true;
+};
+
+// DESIGN "Performance model": T >= 2L + 2S(n-1)/(n r B), for equal links.
+double LinkBound(const Setup& s, int n, double bytes, double ratio);
+// --codec's entries: '/' separates them, since a policy itself may hold commas ("int8,noef").
+std::vector<std::string> SplitCodecs(const std::string& text);
+std::string FormatTable(const Report& rep);
+std::string FormatJson(const Report& rep);
+
+}  // namespace strait::bench::allreduce
+
+#endif  // STRAIT_BENCH_ALLREDUCE_INTERNAL_H_
