@@ -192,6 +192,9 @@ struct GatewayTimes {
   int region = 0;
   int index = 0;  // shard index, = the rank's index in its region
   std::vector<std::pair<std::string, double>> ms;
+  // straitd's straggler detection after the run (its stats' slow_peers line): the peer regions
+  // it names persistently slow, e.g. "r1 (waited 120 ms per op against 4 ms)"; empty if none.
+  std::string slow_peers;
 
   double Get(const std::string& key) const;
 };

@@ -34,6 +34,18 @@ double LossyLevels(const std::string& resolved_policy) {
 }
 
 // The value of line "<key> <value>" in straitd's stats text; 0 when absent.
+// The rest of the line `key ...` of straitd's stats text ("" without one).
+std::string StatLine(const std::string& stats, const std::string& key) {
+  const std::string needle = key + " ";
+  for (size_t at = 0; (at = stats.find(needle, at)) != std::string::npos; at += needle.size()) {
+    if (at == 0 || stats[at - 1] == '\n') {
+      const size_t from = at + needle.size();
+      return stats.substr(from, stats.find('\n', from) - from);
+    }
+  }
+  return "";
+}
+
 uint64_t StatValue(const std::string& stats, const std::string& key) {
   const std::string needle = key + " ";
   size_t at = 0;
@@ -279,6 +291,7 @@ int RunMeshRank(const Flags& f) {
   out["starts_ns"] = starts;  // CLOCK_MONOTONIC: one clock for every process on the machine
   out["wan_bytes_sent"] = sent;
   out["gateway_ns"] = gateway_ns;
+  out["slow_peers"] = stats.ok() ? StatLine(*stats, "slow_peers") : std::string();
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
   out["hash"] = Hex(Fnv1a(data.data(), data.size()));

@@ -305,6 +305,17 @@ std::string FormatTable(const Report& rep) {
       }
     }
   }
+  // Straggler detection (straitd's slow_peers): printed whenever a gateway names a peer, which
+  // on equal emulated links means something other than the links held the run back.
+  for (const uint64_t size : rep.sizes) {
+    for (const RunResult* r : RowsOf(rep, size)) {
+      for (const GatewayTimes& g : r->gateways) {
+        if (g.slow_peers.empty()) continue;
+        o << "# slow peers (" << r->label << (sweep ? " @ " + SizeText(size) : "") << "): r"
+          << g.region << "." << g.index << " names " << g.slow_peers << "\n";
+      }
+    }
+  }
   for (const uint64_t size : rep.sizes) {
     const std::string at = sweep ? " @ " + SizeText(size) : "";
     for (const std::string& codec : SplitCodecs(f.codec)) {
@@ -391,6 +402,7 @@ Json RunJson(const Report& rep, const RunResult& r) {
     y["handover_ms"] = p.handover;
     y["allreduce_ms"] = p.allreduce;
     y["request_ms"] = p.handle;
+    y["slow_peers"] = t.slow_peers;
     phases.push_back(y);
   }
   x["gateway_phases_ms"] = phases;

@@ -254,6 +254,7 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
         name.resize(name.size() - 3);  // "_ns"
         g.ms.emplace_back(name, j["gateway_ns"].value(key, 0.0) / 1e6);
       }
+      g.slow_peers = j.value("slow_peers", std::string());
       res.gateways.push_back(std::move(g));
       for (const char* key : kTimeKeys) {
         std::string name(key);
