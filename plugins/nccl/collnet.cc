@@ -2,9 +2,14 @@
 // strait::localproto's (lib/localproto/protocol.h), which the plugin links instead of the gateway
 // module.
 //
-// This file holds the comms, requests and worker threads and the C boundary of the CollNet
-// tables; collnet_gateway.h the connection to straitd; collnet_handle.cc the handle and group
-// rules.
+// This file holds the comms and requests, the loop-side code that runs each slot's requests on
+// its connection, and the C boundary of the CollNet tables; collnet_pipe.h the loop-driven
+// connection to straitd; collnet_handle.cc the handle and group rules.
+//
+// Threads: none of its own. Every socket belongs to the plugin's one libuv loop (event_loop.h);
+// NCCL's threads hand requests to it with EventLoop::Post and poll an atomic in test(). Only
+// listen and connect wait for the loop (listen's one round trip, connect's blocking collective,
+// which NCCL documents as blocking), bounded by their deadlines.
 #include "plugins/nccl/collnet.h"
 
 #include <algorithm>
@@ -14,23 +19,35 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <random>
 #include <set>
-#include <thread>
+#include <span>
 #include <utility>
 
 #include "common/clock.h"
+#include "common/endian.h"
+#include "localproto/protocol.h"
 #include "plugins/nccl/api.h"
-#include "plugins/nccl/collnet_gateway.h"
+#include "plugins/nccl/collnet_pipe.h"
 #include "plugins/nccl/config.h"
+#include "plugins/nccl/event_loop.h"
 #include "plugins/nccl/transport.h"
 #include "strait/types.h"
 
 namespace strait::nccl {
+
+// The plugin's one libuv loop (transport_comm.h declares it too; that header's point-to-point
+// request types would clash with CollNet's here).
+EventLoop& Loop();
+
 namespace {
+
+using localproto::Message;
+using localproto::MessageType;
 
 std::string Hex64(uint64_t v) {
   char buf[17];
@@ -46,6 +63,10 @@ constexpr int64_t kNanosPerMs = 1'000'000;
 constexpr double kOperationWatchdogSeconds = 3600;
 // Local round trips of listen (hello, register-job, tunnel-listen): milliseconds normally.
 constexpr double kLocalCallSeconds = 10;
+// How much longer than a call's own deadline listen/connect wait for the loop to answer at all:
+// only a loop stopped under them (a finalize racing a listen) ever needs it.
+constexpr double kLoopSlackSeconds = 30;
+constexpr const char* kClientName = "nccl-collnet";
 
 // ---- comms and requests -------------------------------------------------------------------------
 
@@ -65,7 +86,7 @@ struct CollComm;
 
 struct Request {
   uint32_t magic = kRequestMagic;
-  // 0 pending, 1 done, 2 failed; set last by the worker (release), read by test() (acquire).
+  // 0 pending, 1 done, 2 failed; set last by the loop (release), read by test() (acquire).
   std::atomic<int> state{0};
   Status status;
   size_t bytes = 0;
@@ -82,10 +103,14 @@ struct MemoryHandle {
   uint32_t magic = kMrMagic;
 };
 
+// One slot: a connection to straitd and the requests that run on it, in posting order. Loop side
+// only.
 struct Slot {
-  std::unique_ptr<GatewayConnection> conn;
-  std::deque<Request*> queue;
-  std::thread thread;
+  GatewayPipe* pipe = nullptr;
+  std::deque<Request*> queue;  // posted, not started
+  Request* current = nullptr;  // running: its pieces go one at a time
+  size_t at = 0;               // elements of `current` already reduced
+  bool waiting = false;        // a piece of `current` is with straitd
   uint64_t pieces = 0;  // region all-reduces this slot ran (its part of the comm's sequence)
 };
 
@@ -93,11 +118,10 @@ struct CollComm {
   uint32_t magic = kCommMagic;
   std::string job;
   std::string id;  // hex comm id: part of every tensor key
+  std::string gateway;
   int rank = 0;
   int nranks = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool closing = false;
+  std::mutex mu;   // failure, next_op, live (NCCL's threads and the loop)
   Status failure;  // the first failed operation's status: later ones fail with it
   uint64_t next_op = 0;
   // The generation the comm joined and its scope (its comm id): every region all-reduce of the
@@ -106,6 +130,7 @@ struct CollComm {
   uint64_t generation = 0;
   uint64_t scope = 0;
   std::set<Request*> live;  // handed to NCCL and not yet released by test()
+  int64_t probe[2] = {};    // the connect barrier's tensor (the loop writes into it)
   Slot slots[kCollNetSlots];
 };
 
@@ -113,6 +138,7 @@ struct CollComm {
 std::mutex g_mu;
 std::set<void*>* g_listens = new std::set<void*>();
 std::set<void*>* g_comms = new std::set<void*>();
+int g_busy = 0;  // listen/connect calls under way (guarded by g_mu)
 
 bool IsListen(void* p) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -123,6 +149,21 @@ bool IsComm(void* p) {
   return g_comms->count(p) > 0;
 }
 
+// Counts a listen or connect as using the loop while it runs (CollNetInUse).
+class BusyScope {
+ public:
+  BusyScope() {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ++g_busy;
+  }
+  ~BusyScope() {
+    std::lock_guard<std::mutex> lock(g_mu);
+    --g_busy;
+  }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+};
+
 uint64_t RandomNonce() {
   static std::mutex mu;
   static std::mt19937_64* gen = new std::mt19937_64(std::random_device{}());
@@ -132,52 +173,210 @@ uint64_t RandomNonce() {
   return v;
 }
 
-// Runs one request on the slot's connection: pieces of at most kCollNetPieceBytes, in order.
-Status RunOperation(CollComm& comm, Slot& slot, int slot_index, Request& req) {
-  const std::string key = "collnet/" + comm.id + "/" + std::to_string(slot_index);
+// ---- waiting for the loop (listen and connect only) ---------------------------------------------
+
+// What a waiting caller and the loop share; shared so that a caller that gave up leaves nothing
+// the loop could write into.
+struct Waiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 1;
+  Status status;
+  Message reply;
+
+  void Set(Status s, Message r = Message()) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (status.ok()) status = std::move(s);
+    reply = std::move(r);
+    if (--pending == 0) cv.notify_all();
+  }
+  // True once every Set came, false at `deadline` + the slack.
+  bool Wait(Deadline deadline) {
+    const int64_t ns = deadline.IsInfinite()
+                           ? int64_t{INT64_MAX / 2}
+                           : deadline.RemainingNanos() +
+                                 static_cast<int64_t>(kLoopSlackSeconds * 1e9);
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::nanoseconds(ns), [&] { return pending == 0; });
+  }
+};
+
+Status LoopGone() {
+  return InternalError(
+      "the plugin's I/O loop stopped answering (finalize() while CollNet was in use?)");
+}
+
+Status NeedLoop() {
+  if (Loop().running()) return Status::Ok();
+  return FailedPreconditionError("CollNet used before a successful init() (or after finalize())");
+}
+
+// Runs `fn` on the loop and waits until it ran; false when the loop did not run it in time.
+bool RunOnLoop(std::function<void()> fn) {
+  auto w = std::make_shared<Waiter>();
+  Loop().Post([w, fn = std::move(fn)] {
+    fn();
+    w->Set(Status::Ok());
+  });
+  return w->Wait(Deadline::AfterSeconds(kLocalCallSeconds));
+}
+
+// One call on `pipe` (run by the loop), waited for. The buffers must outlive the call: they do
+// unless the loop stopped (LoopGone), in which case the caller must leak them.
+StatusOr<Message> CallAndWait(GatewayPipe* pipe, const Message& request,
+                              std::span<const uint8_t> send, std::span<uint8_t> recv,
+                              Deadline deadline) {
+  auto w = std::make_shared<Waiter>();
+  Loop().Post([w, pipe, request, send, recv, deadline] {
+    Status s = pipe->Call(request, send, recv, deadline,
+                          [w](Status st, Message reply) { w->Set(std::move(st), std::move(reply)); });
+    if (!s.ok()) w->Set(std::move(s));
+  });
+  if (!w->Wait(deadline)) return LoopGone();
+  std::lock_guard<std::mutex> lock(w->mu);
+  if (!w->status.ok()) return w->status;
+  return std::move(w->reply);
+}
+
+// Opens `n` pipes to `path` on the loop and waits for their hellos. `*out` receives the pipes
+// (to be closed on the loop by the caller, whatever the status) unless the loop did not answer.
+Status OpenPipes(const std::string& path, Deadline deadline, std::vector<GatewayPipe*>* out,
+                 int n) {
+  auto w = std::make_shared<Waiter>();
+  auto pipes = std::make_shared<std::vector<GatewayPipe*>>();
+  w->pending = n;
+  Loop().Post([w, pipes, path, deadline, n] {
+    for (int i = 0; i < n; ++i) {
+      pipes->push_back(GatewayPipe::Open(Loop().loop(), path, kClientName, deadline,
+                                         [w](Status s) { w->Set(std::move(s)); }));
+    }
+  });
+  if (!w->Wait(deadline)) return LoopGone();
+  std::lock_guard<std::mutex> lock(w->mu);
+  *out = *pipes;
+  return w->status;
+}
+
+// ---- the slots, loop side -----------------------------------------------------------------------
+
+// Ends the slot's current request with `s` (and the comm, when it failed).
+void FinishCurrent(CollComm* comm, Slot& slot, const Status& s) {
+  Request* req = slot.current;
+  slot.current = nullptr;
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    if (comm->failure.ok()) comm->failure = s;
+  }
+  req->status = s;
+  req->state.store(s.ok() ? 1 : 2, std::memory_order_release);  // test() may free it from now
+}
+
+void Advance(CollComm* comm, int slot_index);
+
+// Sends the current request's next piece: at most kCollNetPieceBytes, one region all-reduce.
+Status StartPiece(CollComm* comm, int slot_index) {
+  Slot& slot = comm->slots[slot_index];
+  Request& req = *slot.current;
+  const std::string key = "collnet/" + comm->id + "/" + std::to_string(slot_index);
   const size_t elem = DataTypeSize(req.dtype);
   const size_t per_piece = std::max<size_t>(1, kCollNetPieceBytes / elem);
-  size_t at = 0;
-  while (at < req.count) {
-    const size_t n = std::min(per_piece, req.count - at);
-    const GatewayConnection::Identity id{
-        comm.generation, 1 + slot.pieces++ * kCollNetSlots + static_cast<uint64_t>(slot_index),
-        comm.scope};
-    Status s = slot.conn->RegionAllReduce(
-        comm.job, key, req.dtype, req.op, static_cast<const uint8_t*>(req.send) + at * elem,
-        static_cast<uint8_t*>(req.recv) + at * elem, n, /*timeout_ms=*/0, id,
-        Deadline::AfterSeconds(kOperationWatchdogSeconds));
-    if (!s.ok()) {
-      return s.WithContext("CollNet all-reduce #" + std::to_string(req.index) + " (" +
-                           std::to_string(req.count) + " x " + DataTypeName(req.dtype) + " " +
-                           ReduceOpName(req.op) + ", key " + key + ")");
-    }
-    at += n;
+  const size_t n = std::min(per_piece, req.count - slot.at);
+  Message m;
+  m.type = MessageType::kRegionAllReduce;
+  m.job = comm->job;
+  m.tensor_key = key;
+  m.dtype = req.dtype;
+  m.op = req.op;
+  m.count = n;
+  m.timeout_ms = 0;  // the gateway's allreduce.deadline
+  m.generation = comm->generation;
+  m.sequence = 1 + slot.pieces++ * kCollNetSlots + static_cast<uint64_t>(slot_index);
+  m.scope = comm->scope;
+  const std::span<const uint8_t> send(static_cast<const uint8_t*>(req.send) + slot.at * elem,
+                                      n * elem);
+  const std::span<uint8_t> recv(static_cast<uint8_t*>(req.recv) + slot.at * elem, n * elem);
+  Status s = slot.pipe->Call(
+      m, send, recv, Deadline::AfterSeconds(kOperationWatchdogSeconds),
+      [comm, slot_index, n, key](Status st, Message) {
+        Slot& sl = comm->slots[slot_index];
+        sl.waiting = false;
+        if (st.ok()) {
+          sl.at += n;
+        } else {
+          const Request& r = *sl.current;
+          FinishCurrent(comm, sl,
+                        st.WithContext("CollNet all-reduce #" + std::to_string(r.index) + " (" +
+                                       std::to_string(r.count) + " x " + DataTypeName(r.dtype) +
+                                       " " + ReduceOpName(r.op) + ", key " + key + ")"));
+        }
+        Advance(comm, slot_index);
+      });
+  if (!s.ok()) {
+    return s.WithContext("CollNet all-reduce #" + std::to_string(req.index) + " (" +
+                         std::to_string(req.count) + " x " + DataTypeName(req.dtype) + " " +
+                         ReduceOpName(req.op) + ", key " + key + ")");
   }
   return Status::Ok();
 }
 
-void WorkerLoop(CollComm* comm, int slot_index) {
+// Drives slot `slot_index` as far as it goes without waiting for straitd: finishes what is done,
+// starts the next piece or request. Requests of a slot run one after another, in posting order.
+void Advance(CollComm* comm, int slot_index) {
   Slot& slot = comm->slots[slot_index];
-  while (true) {
-    Request* req = nullptr;
-    Status failed;
-    {
-      std::unique_lock<std::mutex> lock(comm->mu);
-      comm->cv.wait(lock, [&] { return comm->closing || !slot.queue.empty(); });
-      if (comm->closing) return;
-      req = slot.queue.front();
+  while (!slot.waiting) {
+    if (slot.current == nullptr) {
+      if (slot.queue.empty()) return;
+      slot.current = slot.queue.front();
       slot.queue.pop_front();
-      failed = comm->failure;
+      slot.at = 0;
+      Status failed;
+      {
+        std::lock_guard<std::mutex> lock(comm->mu);
+        failed = comm->failure;
+      }
+      if (!failed.ok()) {
+        FinishCurrent(comm, slot,
+                      failed.WithContext("an earlier CollNet all-reduce of this comm failed"));
+        continue;
+      }
     }
-    Status s = failed.ok()
-                   ? RunOperation(*comm, slot, slot_index, *req)
-                   : failed.WithContext("an earlier CollNet all-reduce of this comm failed");
-    std::lock_guard<std::mutex> lock(comm->mu);
-    if (!s.ok() && comm->failure.ok()) comm->failure = s;
-    req->status = s;
-    req->state.store(s.ok() ? 1 : 2, std::memory_order_release);
+    if (slot.at >= slot.current->count) {
+      FinishCurrent(comm, slot, Status::Ok());
+      continue;
+    }
+    slot.waiting = true;
+    Status s = StartPiece(comm, slot_index);
+    if (s.ok()) return;  // the piece's reply continues the slot
+    slot.waiting = false;
+    FinishCurrent(comm, slot, s);
   }
+}
+
+// Loop side: stops every slot's I/O; no callback touches the comm or its requests afterwards.
+void StopSlots(CollComm* comm) {
+  for (Slot& slot : comm->slots) {
+    if (slot.pipe != nullptr) slot.pipe->Close();
+    slot.pipe = nullptr;
+    slot.queue.clear();
+    slot.current = nullptr;
+  }
+}
+
+// Stops the comm's I/O on the loop and frees it (and requests NCCL never tested). When the loop
+// does not answer, the comm and its requests are leaked rather than freed under it.
+void DestroyComm(std::unique_ptr<CollComm> comm) {
+  CollComm* raw = comm.get();
+  // A loop that is not running any more touches nothing (its handles were closed by Stop).
+  if (Loop().running() && !RunOnLoop([raw] { StopSlots(raw); })) {
+    api::Warn("CollNet closeColl", "the I/O loop did not stop comm " + raw->id + "; leaking it");
+    (void)comm.release();
+    return;
+  }
+  for (Request* r : comm->live) {
+    std::unique_ptr<Request> request(r);
+    request->magic = 0;
+  }
+  comm->magic = 0;
 }
 
 Status LoadConfig(PluginConfig* config) {
@@ -209,14 +408,39 @@ Status DoListen(int dev, void* handle, void** listen_comm) {
   STRAIT_RETURN_IF_ERROR(LoadConfig(&lc->config));
   const PluginConfig& cfg = lc->config;
   STRAIT_ASSIGN_OR_RETURN(lc->handle.policy, CollNetPolicy(cfg.compression));
+  BusyScope busy;
+  STRAIT_RETURN_IF_ERROR(NeedLoop());
   const Deadline deadline = Deadline::AfterSeconds(kLocalCallSeconds);
-  STRAIT_ASSIGN_OR_RETURN(auto conn, GatewayConnection::Open(cfg.gateway, deadline));
-  STRAIT_ASSIGN_OR_RETURN(std::string policy,
-                          conn->RegisterJob(cfg.job_id, lc->handle.policy, deadline));
-  std::string region;
-  uint32_t shard = 0;
-  STRAIT_RETURN_IF_ERROR(conn->ProbeRegionAndShard(deadline, &region, &shard));
-  conn.reset();  // ends the probe's tunnel listen
+  std::vector<GatewayPipe*> pipes;
+  // Closing the connection (whatever happened) ends the probe's tunnel listen.
+  struct Closer {
+    std::vector<GatewayPipe*>* pipes;
+    ~Closer() {
+      for (GatewayPipe* p : *pipes) Loop().Post([p] { p->Close(); });
+    }
+  } closer{&pipes};
+  STRAIT_RETURN_IF_ERROR(OpenPipes(cfg.gateway, deadline, &pipes, 1));
+  GatewayPipe* pipe = pipes[0];
+  Message reg;
+  reg.type = MessageType::kRegisterJob;
+  reg.job = cfg.job_id;
+  reg.policy = lc->handle.policy;
+  STRAIT_ASSIGN_OR_RETURN(Message registered, CallAndWait(pipe, reg, {}, {}, deadline));
+  const std::string policy = registered.text;
+  // Which region and shard index the gateway serves, from a tunnel listen's kListening event
+  // (the documented way to learn them).
+  Message listen;
+  listen.type = MessageType::kTunnelListen;
+  STRAIT_ASSIGN_OR_RETURN(Message listening, CallAndWait(pipe, listen, {}, {}, deadline));
+  StatusOr<localproto::TunnelEvent> event = localproto::DecodeTunnelEvent(listening.data);
+  if (!event.ok() || event->kind != localproto::TunnelEventKind::kListening) {
+    const std::string why = event.ok() ? std::string() : ": " + event.status().ToString();
+    return DataLossError("straitd at " + cfg.gateway +
+                         " answered the tunnel listen with an event that is not a listening "
+                         "event" + why);
+  }
+  const std::string region = event->region;
+  const uint32_t shard = event->shard;
   if (!cfg.region.empty() && cfg.region != region) {
     return InvalidArgumentError("STRAIT_REGION=\"" + cfg.region + "\" but the straitd at " +
                                 cfg.gateway + " serves region \"" + region +
@@ -240,25 +464,55 @@ Status DoListen(int dev, void* handle, void** listen_comm) {
   return Status::Ok();
 }
 
-// Stops the workers and frees the comm (and requests NCCL never tested).
-void DestroyComm(CollComm* comm) {
-  {
-    std::lock_guard<std::mutex> lock(comm->mu);
-    comm->closing = true;
+// Joins the job's next generation on slot 0 and runs the barrier: every head adds (1, its rank);
+// each must see (nranks, 0 + 1 + ... + nranks-1). It fails on every head, by the connect timeout
+// at the latest, unless the whole path works.
+Status ConnectBarrier(CollComm& comm, int64_t timeout_ns) {
+  const uint32_t timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, timeout_ns / kNanosPerMs));
+  const Deadline deadline =
+      Deadline::After(timeout_ns + std::max<int64_t>(timeout_ns / 10, 500 * kNanosPerMs));
+  GatewayPipe* pipe = comm.slots[0].pipe;
+  Message join;
+  join.type = MessageType::kJoinJob;
+  join.job = comm.job;
+  join.scope = comm.scope;
+  join.timeout_ms = timeout_ms;
+  join.resume = 0;  // unknown (NCCL does not tell the plugin which steps it completed)
+  StatusOr<Message> joined = CallAndWait(pipe, join, {}, {}, deadline);
+  if (joined.ok() && (joined->data.size() != 8 || GetLe(joined->data.data(), 8) == 0)) {
+    joined = DataLossError("straitd at " + comm.gateway +
+                           " answered join-job without a generation");
   }
-  comm->cv.notify_all();
-  for (Slot& slot : comm->slots) {
-    if (slot.conn) slot.conn->Shutdown();  // ends a region all-reduce the worker waits in
+  if (!joined.ok()) {
+    return joined.status().WithContext("CollNet connect (joining the job through straitd)");
   }
-  for (Slot& slot : comm->slots) {
-    if (slot.thread.joinable()) slot.thread.join();
+  comm.generation = GetLe(joined->data.data(), 8);
+  comm.probe[0] = 1;
+  comm.probe[1] = comm.rank;
+  Message barrier;
+  barrier.type = MessageType::kRegionAllReduce;
+  barrier.job = comm.job;
+  barrier.tensor_key = "collnet/" + comm.id + "/connect";
+  barrier.dtype = DataType::kInt64;
+  barrier.op = ReduceOp::kSum;
+  barrier.count = 2;
+  barrier.timeout_ms = timeout_ms;
+  barrier.generation = comm.generation;
+  barrier.sequence = 0;
+  barrier.scope = comm.scope;
+  const std::span<uint8_t> probe(reinterpret_cast<uint8_t*>(comm.probe), sizeof(comm.probe));
+  StatusOr<Message> done = CallAndWait(pipe, barrier, probe, probe, deadline);
+  if (!done.ok()) {
+    return done.status().WithContext("CollNet connect (the node heads' barrier through straitd)");
   }
-  std::unique_ptr<CollComm> owned(comm);  // handed to NCCL by connect(); taken back here
-  for (Request* r : owned->live) {
-    std::unique_ptr<Request> request(r);
-    request->magic = 0;
+  const int64_t want_sum = int64_t{comm.nranks} * (comm.nranks - 1) / 2;
+  if (comm.probe[0] != comm.nranks || comm.probe[1] != want_sum) {
+    return InternalError("CollNet connect barrier returned (" + std::to_string(comm.probe[0]) +
+                         ", " + std::to_string(comm.probe[1]) + "), expected (" +
+                         std::to_string(comm.nranks) + ", " + std::to_string(want_sum) +
+                         "): other processes use this comm's tensor keys");
   }
-  owned->magic = 0;
+  return Status::Ok();
 }
 
 Status DoConnect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
@@ -288,46 +542,26 @@ Status DoConnect(void* handles[], int nranks, int rank, void* listen_comm, void*
   }
   STRAIT_ASSIGN_OR_RETURN(CollNetGroup group, PlanCollNetGroup(decoded));
 
+  BusyScope busy;
+  STRAIT_RETURN_IF_ERROR(NeedLoop());
   auto comm = std::make_unique<CollComm>();
   comm->job = lc.config.job_id;
   comm->id = Hex64(group.comm_id);
+  comm->gateway = lc.config.gateway;
   comm->rank = rank;
   comm->nranks = nranks;
-  const Deadline local = Deadline::AfterSeconds(kLocalCallSeconds);
-  for (Slot& slot : comm->slots) {
-    STRAIT_ASSIGN_OR_RETURN(slot.conn, GatewayConnection::Open(lc.config.gateway, local));
-  }
-  // The barrier: every head adds (1, its rank); each must see (nranks, 0 + 1 + ... + nranks-1).
-  // It fails on every head, by the connect timeout at the latest, unless the whole path works.
-  const int64_t timeout_ns = lc.config.connect_timeout_ns;
-  const uint32_t timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, timeout_ns / kNanosPerMs));
-  int64_t probe[2] = {1, rank};
-  const Deadline barrier_deadline =
-      Deadline::After(timeout_ns + std::max<int64_t>(timeout_ns / 10, 500 * kNanosPerMs));
   comm->scope = group.comm_id != 0 ? group.comm_id : 1;
-  auto generation =
-      comm->slots[0].conn->JoinJob(comm->job, comm->scope, timeout_ms, barrier_deadline);
-  if (!generation.ok()) {
-    return generation.status().WithContext("CollNet connect (joining the job through straitd)");
-  }
-  comm->generation = *generation;
-  Status s = comm->slots[0].conn->RegionAllReduce(
-      comm->job, "collnet/" + comm->id + "/connect", DataType::kInt64, ReduceOp::kSum, probe,
-      probe, 2, timeout_ms, {comm->generation, 0, comm->scope}, barrier_deadline);
+  std::vector<GatewayPipe*> pipes;
+  Status opened = OpenPipes(lc.config.gateway, Deadline::AfterSeconds(kLocalCallSeconds), &pipes,
+                            kCollNetSlots);
+  for (size_t i = 0; i < pipes.size(); ++i) comm->slots[i].pipe = pipes[i];
+  // From here every failure closes the pipes on the loop (DestroyComm) before returning.
+  Status s = opened.ok() ? ConnectBarrier(*comm, lc.config.connect_timeout_ns) : opened;
   if (!s.ok()) {
-    return s.WithContext("CollNet connect (the node heads' barrier through straitd)");
-  }
-  const int64_t want_sum = int64_t{nranks} * (nranks - 1) / 2;
-  if (probe[0] != nranks || probe[1] != want_sum) {
-    return InternalError("CollNet connect barrier returned (" + std::to_string(probe[0]) + ", " +
-                         std::to_string(probe[1]) + "), expected (" + std::to_string(nranks) +
-                         ", " + std::to_string(want_sum) +
-                         "): other processes use this comm's tensor keys");
+    DestroyComm(std::move(comm));
+    return s;
   }
   CollComm* raw = comm.release();
-  for (int i = 0; i < kCollNetSlots; ++i) {
-    raw->slots[i].thread = std::thread(WorkerLoop, raw, i);
-  }
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_comms->insert(raw);
@@ -371,15 +605,18 @@ Status DoIallreduce(void* coll_comm, void* send, void* recv, size_t count, int d
   req->comm = &comm;
   req->index = comm.next_op++;
   // Slot and key from the posting index: the same on every node head (collnet.h).
-  Slot& slot = comm.slots[req->index % kCollNetSlots];
+  const int slot = static_cast<int>(req->index % kCollNetSlots);
   if (count == 0) {
     req->state.store(1, std::memory_order_release);  // nothing to reduce, nothing to send
   } else {
-    slot.queue.push_back(req.get());
+    // Posted under comm.mu, so the loop queues a slot's requests in index order.
+    Loop().Post([c = &comm, r = req.get(), slot] {
+      c->slots[slot].queue.push_back(r);
+      Advance(c, slot);
+    });
   }
   comm.live.insert(req.get());
   *request = req.release();
-  comm.cv.notify_all();
   return Status::Ok();
 }
 
@@ -430,6 +667,11 @@ ncclResult_t Guard(const char* call, F&& fn) {
 }  // namespace
 
 // ---- the C boundary -----------------------------------------------------------------------------
+
+bool CollNetInUse() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_busy > 0 || !g_listens->empty() || !g_comms->empty();
+}
 
 namespace collnet {
 
@@ -509,7 +751,7 @@ ncclResult_t CloseColl(void* coll_comm) {
         return InvalidArgumentError("collComm is not a CollNet comm");
       }
     }
-    DestroyComm(static_cast<CollComm*>(coll_comm));
+    DestroyComm(std::unique_ptr<CollComm>(static_cast<CollComm*>(coll_comm)));
     return Status::Ok();
   });
 }

@@ -18,13 +18,14 @@
 //            proves the whole path (every gateway up, linked, and the job registered everywhere)
 //            before NCCL commits to CollNet. Any error: no comm, NCCL falls back.
 //   iallreduce  the k-th call of a comm becomes a region all-reduce with tensor key
-//            "collnet/<comm id>/<k mod kSlots>" on slot k mod kSlots: one worker thread and one
-//            Unix connection per slot, operations of a slot in posting order. straitd numbers a
+//            "collnet/<comm id>/<k mod kSlots>" on slot k mod kSlots: one Unix connection per
+//            slot, driven by the plugin's one libuv loop (collnet_pipe.h; no thread per slot or
+//            per comm), operations of a slot in posting order. straitd numbers a
 //            key's operations 0, 1, 2, ... (numbering.h), so operation k is number k / kSlots of
 //            its key on every gateway: matched by posting order without any extra message, with
 //            a bounded number of keys per comm, and kSlots operations in flight at the gateway.
 //            Tensors larger than kPieceBytes go as several region all-reduces on the same slot.
-//   test     polls the request (an atomic); never blocks.
+//   test     polls the request (an atomic the loop sets); never blocks.
 //
 // Numerics are straitd's (collective/hierarchical.h): every (type, op) of NCCL's 12 types and
 // sum/prod/max/min is reduced; lossless policies exactly (sum of fp types in fp32, rounded once
@@ -36,7 +37,8 @@
 // request with straitd's reason, and every later operation of that comm fails with the same
 // reason (straitd's numbering has moved on; NCCL aborts the communicator anyway).
 //
-// Threading: every function may be called from any thread. Ownership: comms and requests handed
+// Threading: every function may be called from any thread; only listen (one round trip) and
+// connect (a collective) wait, for the loop, bounded by their deadlines. Ownership: comms and requests handed
 // to NCCL stay owned by the plugin; a request is released by the test() that reports it done (or
 // failed); closeColl releases the comm and any request NCCL has not tested.
 #ifndef STRAIT_PLUGINS_NCCL_COLLNET_H_
@@ -99,6 +101,10 @@ struct CollNetGroup {
 };
 // kInvalidArgument with a message that names the heads at fault and what to set.
 StatusOr<CollNetGroup> PlanCollNetGroup(const std::vector<CollNetHandle>& handles);
+
+// Whether a CollNet listen comm or comm is open, or a listen/connect is under way: they use the
+// plugin's loop, which the last finalize() must then leave running (Transport::Finalize).
+bool CollNetInUse();
 
 // True for the (type, op) pairs reduceSupport claims: every NCCL type with sum, prod, max, min.
 bool CollNetReduceSupported(int dtype, int op);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/units.h"
+#include "plugins/nccl/collnet.h"
 #include "plugins/nccl/handle.h"
 #include "plugins/nccl/listen_comm.h"
 #include "plugins/nccl/listen_pool.h"
@@ -169,6 +170,7 @@ void Transport::Finalize() {
     std::lock_guard<std::mutex> reg_lock(Reg().mu);
     if (!Reg().comms.empty() || !Reg().connecting.empty()) return;
   }
+  if (CollNetInUse()) return;  // CollNet's connections to straitd live on the loop too
   Loop().RunSync(CloseListenPool);
   Loop().Stop();
 }

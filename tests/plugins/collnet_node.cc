@@ -20,7 +20,15 @@
 //           fails at once, and closeColl still succeeds
 //   lossy   float32/bfloat16/float16 sums under a lossy policy (within the codec's error bound)
 //           and an int32 sum that must stay exact
+//   threads (one head, against a gateway that echoes) opens 3 more comms (a group of one each),
+//           posts 16 requests on each of the 4 and counts the process's threads while they are
+//           in flight: "THREADS <after init> <with 4 comms busy>"; the counts must be equal
+//   killed  posts one request, prints "POSTED" and polls test() until it fails: "TEST-FAILED
+//           <ncclResult_t> <ms since POSTED>" (the parent kills the head's straitd meanwhile)
+//   stall   prints "STALLING", posts nothing and waits for stdin to close (its region's part of
+//           the other heads' operations never comes)
 // Exit status 0 means every check passed; failures are explained on stderr.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -44,6 +52,8 @@ namespace {
 
 int g_rank = -1;
 int g_version = 11;
+void* g_ctx = nullptr;
+int g_threads_after_init = 0;
 const ncclCollNet_v11_t* g_v11 = nullptr;
 const ncclCollNet_v10_t* g_v10 = nullptr;
 const ncclCollNet_v8_t* g_v8 = nullptr;
@@ -533,6 +543,82 @@ void ModeFail(void* comm) {
   }
 }
 
+// Threads of this process now (/proc/self/task).
+int CountThreads() {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) Die("cannot open /proc/self/task");
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+void ModeThreads(void* comm) {
+  std::vector<void*> comms = {comm};
+  for (int i = 0; i < 3; ++i) {
+    unsigned char handle[kNcclNetHandleMaxSize] = {};
+    void* lc = nullptr;
+    if (Listen(g_ctx, handle, &lc) != ncclSuccess) Die("listen of an extra comm failed");
+    void* handles[1] = {handle};
+    void* c = nullptr;
+    if (Connect(handles, 1, 0, lc, &c) != ncclSuccess || c == nullptr) {
+      Die("connect of an extra comm failed");
+    }
+    if (CloseListen(lc) != ncclSuccess) Die("closeListen failed");
+    comms.push_back(c);
+  }
+  constexpr int kPerComm = 16;  // two per slot
+  std::vector<std::vector<float>> data(comms.size() * kPerComm, std::vector<float>(4096, 1.5f));
+  std::vector<void*> reqs;
+  for (size_t i = 0; i < data.size(); ++i) {
+    reqs.push_back(Post(comms[i / kPerComm], data[i].data(), data[i].data(), data[i].size(),
+                        ncclFloat32, ncclSum));
+  }
+  const int busy = CountThreads();
+  std::printf("THREADS %d %d\n", g_threads_after_init, busy);
+  std::fflush(stdout);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Wait(reqs[i], static_cast<int>(data[i].size() * 4), "threads test");
+    if (data[i][7] != 1.5f) Die("threads test: the echo changed the data");
+  }
+  for (size_t i = 1; i < comms.size(); ++i) {
+    if (CloseColl(comms[i]) != ncclSuccess) Die("closeColl of an extra comm failed");
+  }
+}
+
+void ModeKilled(void* comm) {
+  std::vector<float> data(100000, 1.0f);
+  void* req = Post(comm, data.data(), data.data(), data.size(), ncclFloat32, ncclSum);
+  int done = 0;
+  if (Test(req, &done, nullptr) != ncclSuccess || done) Die("the request ended before the kill");
+  std::printf("POSTED\n");
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  ncclResult_t r = ncclSuccess;
+  while (r == ncclSuccess && !done) {
+    r = Test(req, &done, nullptr);
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      Die("test() still pending 60 s after POSTED");
+    }
+    ::usleep(1000);
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  std::printf("TEST-FAILED %d %lld\n", static_cast<int>(r), static_cast<long long>(ms));
+  std::fflush(stdout);
+}
+
+void ModeStall() {
+  std::printf("STALLING\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -554,6 +640,8 @@ int main(int argc, char** argv) {
 
   void* ctx = nullptr;
   if (Init(&ctx) != ncclSuccess) Die("init failed");
+  g_ctx = ctx;
+  g_threads_after_init = CountThreads();
   int ndev = 0;
   if (Devices(&ndev) != ncclSuccess || ndev != 1) Die("devices() != 1");
   unsigned char handle[kNcclNetHandleMaxSize] = {};
@@ -602,6 +690,12 @@ int main(int argc, char** argv) {
     ModePieces(comm, results);
   } else if (mode == "fail") {
     ModeFail(comm);
+  } else if (mode == "threads") {
+    ModeThreads(comm);
+  } else if (mode == "killed") {
+    ModeKilled(comm);
+  } else if (mode == "stall") {
+    ModeStall();
   } else {
     Die("unknown mode " + mode);
   }

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -470,6 +471,103 @@ TEST_F(CollNetEndToEnd, TensorsOverSixteenMiBGoAsSeveralRegionAllReduces) {
   // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3.
   const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
   EXPECT_EQ(fake.counts(), want);
+}
+
+// Every CollNet connection lives on the plugin's one libuv loop: four comms with 64 requests in
+// flight add no thread to the process (a thread per slot would add 8 per comm).
+TEST_F(CollNetEndToEnd, CommsAndRequestsInFlightAddNoThreads) {
+  FakeGateway fake(*dir_ + "/threads.sock", /*answered=*/100000);
+  std::vector<HeadSpec> specs(1);
+  specs[0].mode = "threads";
+  specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/threads.sock";
+  std::vector<Head> heads = RunHeads(specs, "threads");
+  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+  EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
+  std::istringstream counts(test::LineAfter(heads[0].output, "THREADS"));
+  int after_init = -1;
+  int busy = -1;
+  ASSERT_TRUE(counts >> after_init >> busy) << heads[0].output;
+  EXPECT_GT(after_init, 0);
+  EXPECT_EQ(busy, after_init) << "threads after init: " << after_init
+                              << ", with 4 comms and 64 requests in flight: " << busy;
+  // 4 barriers, then 64 requests of 4096 floats, each a region all-reduce of its own.
+  EXPECT_EQ(fake.region_allreduces(), 4 + 64);
+}
+
+// A straitd killed while a head's region all-reduce waits in it (the other region's head never
+// posts its part): test() reports the lost gateway within seconds, long before any deadline of
+// the operation (the gateways' 20 s, the plugin's watchdog), and never hangs.
+TEST_F(CollNetEndToEnd, StraitdKilledMidRequestFailsTestPromptly) {
+  const std::vector<uint16_t> ports = FreePorts(2);
+  const char* const regions[2] = {"ka", "kb"};
+  std::vector<pid_t> daemons;
+  std::vector<std::string> sockets;
+  std::vector<Head> heads;
+  struct Cleanup {  // also when an assertion ends the test early
+    std::vector<pid_t>* daemons;
+    std::vector<Head>* heads;
+    ~Cleanup() {
+      test::Reap(*heads, 30);
+      KillProcesses(daemons);
+    }
+  } cleanup{&daemons, &heads};
+  for (int i = 0; i < 2; ++i) {
+    std::string c = "region = \"" + std::string(regions[i]) + "\"\nshard_index = 0\n";
+    sockets.push_back(*dir_ + "/" + regions[i] + ".sock");
+    c += "[local]\nsocket = \"" + sockets.back() + "\"\nallowed_uids = [" +
+         std::to_string(::getuid()) + "]\n";
+    c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(ports[size_t(i)]) +
+         "\"\ntransport = \"plain\"\n";
+    for (int r = 0; r < 2; ++r) {
+      if (r == i) continue;  // a region of one gateway lists no peers of its own
+      c += "[peers." + std::string(regions[r]) + "]\nshard_0 = \"127.0.0.1:" +
+           std::to_string(ports[size_t(r)]) + "\"\n";
+    }
+    c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"10s\"\n";
+    c += "[allreduce]\ndeadline = \"20s\"\nshutdown_grace = \"2s\"\n";
+    const std::string file = *dir_ + "/" + regions[i] + ".toml";
+    std::ofstream(file) << c;
+    daemons.push_back(SpawnProcess({STRAITD_PATH, "--config", file}));
+    ASSERT_GT(daemons.back(), 0);
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(WaitForSocket(sockets[size_t(i)], daemons[size_t(i)], 10)) << regions[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    Head h;
+    h.result_file = *dir_ + "/killed-" + std::to_string(i) + ".bin";
+    static_cast<test::NodeProcess&>(h) = test::SpawnNode(
+        {STRAIT_COLLNET_NODE, STRAIT_NCCL_PLUGIN_PATH, "11", i == 0 ? "killed" : "stall",
+         h.result_file},
+        {{"STRAIT_GATEWAY", sockets[size_t(i)]}, {"STRAIT_JOB_ID", "killed"},
+         {"STRAIT_COMPRESSION", "zstd"}, {"STRAIT_REGION", regions[i]},
+         {"STRAIT_SOCKET_IFNAME", "lo"}, {"STRAIT_CONNECT_TIMEOUT", "20s"}});
+    ASSERT_GT(h.pid, 0);
+    heads.push_back(std::move(h));
+  }
+  ASSERT_TRUE(test::ReadUntil(heads, {"HANDLE "}, 30));
+  const std::string group = " " + test::LineAfter(heads[0].output, "HANDLE") + " " +
+                            test::LineAfter(heads[1].output, "HANDLE");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(test::WriteLine(heads[size_t(r)], "GROUP " + std::to_string(r) + " 2" + group + "\n"));
+  }
+  ASSERT_TRUE(test::ReadUntil(heads, {"POSTED", "STALLING"}, 60)) << heads[0].output;
+  ASSERT_NE(heads[0].output.find("POSTED"), std::string::npos) << heads[0].output;
+  // The head's request now waits in straitd ka for region kb's part, which never comes.
+  ASSERT_EQ(::kill(daemons[0], SIGKILL), 0);
+  ASSERT_TRUE(test::ReadUntil(heads, {"TEST-FAILED", "STALLING"}, 30)) << heads[0].output;
+  test::Reap(heads, 30);
+  const std::string failed = test::LineAfter(heads[0].output, "TEST-FAILED");
+  std::istringstream fields(failed);
+  int result = -1;
+  long long ms = -1;
+  ASSERT_TRUE(fields >> result >> ms) << heads[0].output;
+  EXPECT_EQ(result, ncclRemoteError) << heads[0].output;
+  EXPECT_LT(ms, 10000) << "test() reported the lost straitd only after " << ms << " ms";
+  EXPECT_NE(heads[0].output.find("connection to straitd at"), std::string::npos)
+      << heads[0].output;
+  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+  EXPECT_EQ(heads[1].exit_code, 0) << heads[1].output;
 }
 
 TEST_F(CollNetEndToEnd, BadEnvironmentFailsListenWithAClearWarning) {
