@@ -91,7 +91,6 @@ extern volatile sig_atomic_t g_interrupted;
 uint64_t RegionSeed(int region);
 // [begin, end) of slice `index` of `count` elements split `parts` ways.
 std::pair<size_t, size_t> Slice(size_t count, int parts, int index);
-uint64_t Fnv1a(const void* data, size_t bytes);
 std::string Hex(uint64_t v);
 
 struct Check {

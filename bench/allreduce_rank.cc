@@ -16,6 +16,7 @@
 
 #include "bench/allreduce_internal.h"
 #include "bench/gradient.h"
+#include "common/hash.h"
 #include "localproto/client.h"
 #include "strait/codec.h"
 
@@ -80,12 +81,6 @@ std::pair<size_t, size_t> Slice(size_t count, int parts, int index) {
   return {count * i / p, count * (i + 1) / p};
 }
 
-uint64_t Fnv1a(const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
 
 std::string Hex(uint64_t v) {
   char buf[17];
@@ -294,7 +289,7 @@ int RunMeshRank(const Flags& f) {
   out["slow_peers"] = stats.ok() ? StatLine(*stats, "slow_peers") : std::string();
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
-  out["hash"] = Hex(Fnv1a(data.data(), data.size()));
+  out["hash"] = Hex(Fnv1a64(data.data(), data.size()));
   Emit("result " + out.dump());
   return kExitOk;
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "bench/allreduce_internal.h"
+#include "common/hash.h"
 #include "bench/gradient.h"
 
 namespace strait::bench::allreduce {
@@ -177,7 +178,7 @@ int RunRingRank(const Flags& f) {
   out["wan_bytes_sent"] = 0;
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
-  out["hash"] = Hex(Fnv1a(data.data(), data.size() * 4));
+  out["hash"] = Hex(Fnv1a64(data.data(), data.size() * 4));
   Emit("result " + out.dump());
   return kExitOk;
 }

@@ -11,6 +11,7 @@
 
 #include "codec/crc32c.h"
 #include "codec/frame.h"
+#include "common/hash.h"
 #include "common/strings.h"
 #include "strait/reduce.h"
 
@@ -21,19 +22,11 @@ namespace {
 // by a failure on another thread.
 constexpr int64_t kCancelPollNanos = 50'000'000;
 
-uint64_t Mix(uint64_t x) {
-  // splitmix64's finaliser: distinct salts give unrelated seeds.
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Salt 0 is an owner's result; 1 + rank is what that rank encodes of its input or partial sums.
 CodecOptions OptionsFor(const OpContext& ctx, const Chunk& chunk, uint64_t salt, CodecId codec) {
   CodecOptions o = ctx.request->codec;
   o.codec = codec;
-  o.seed = Mix(o.seed ^ Mix(salt));
+  o.seed = Mix64(o.seed ^ Mix64(salt));  // distinct salts give unrelated seeds
   o.index_offset = o.index_offset + chunk.begin;
   return o;
 }

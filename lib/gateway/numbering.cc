@@ -3,43 +3,23 @@
 #include "gateway/numbering.h"
 
 #include "collective/channels.h"
+#include "common/hash.h"
 #include "gateway/gateway.h"
 
 namespace strait::gateway {
-namespace {
-
-// FNV-1a: stable across builds and machines, which std::hash is not.
-uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-// splitmix64's finaliser: stable across builds and machines.
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 uint32_t JobLane(const std::string& job) {
-  const uint64_t h = Fnv1a(0xcbf29ce484222325ull, job.data(), job.size());
+  const uint64_t h = Fnv1a64(job.data(), job.size());
   return static_cast<uint32_t>((h ^ (h >> 32)) % collective::kCollectiveChannelCount);
 }
 
 uint64_t OperationId(const std::string& job, const std::string& tensor_key, uint64_t sequence) {
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnv1a64Offset;
   const uint64_t sizes[2] = {job.size(), tensor_key.size()};
-  h = Fnv1a(h, sizes, sizeof(sizes));  // lengths first, so ("ab","c") differs from ("a","bc")
-  h = Fnv1a(h, job.data(), job.size());
-  h = Fnv1a(h, tensor_key.data(), tensor_key.size());
-  h = Fnv1a(h, &sequence, sizeof(sequence));
+  h = Fnv1a64(sizes, sizeof(sizes), h);  // lengths first, so ("ab","c") differs from ("a","bc")
+  h = Fnv1a64(job.data(), job.size(), h);
+  h = Fnv1a64(tensor_key.data(), tensor_key.size(), h);
+  h = Fnv1a64(&sequence, sizeof(sequence), h);
   // The low bits carry the job's lane, so NetTransport sends all of a job's ops on one channel.
   constexpr uint64_t kLanes = collective::kCollectiveChannelCount;
   static_assert(((uint64_t{1} << 38) % kLanes) == 0, "lanes must divide the op id space");

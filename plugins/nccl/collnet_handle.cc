@@ -11,29 +11,13 @@
 #include <vector>
 
 #include "common/endian.h"
+#include "common/hash.h"
 #include "localproto/policy_grammar.h"
 #include "plugins/nccl/collnet.h"
 #include "strait/types.h"
 
 namespace strait::nccl {
 namespace {
-
-uint32_t Fnv1a32(const uint8_t* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 16777619u;
-  }
-  return h;
-}
-
-// splitmix64's finaliser: the comm id must be the same on every node head, whatever its build.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Handle layout (collnet.h).
 constexpr size_t kHandleRegionOffset = 32;
@@ -100,12 +84,7 @@ StatusOr<CollNetHandle> DecodeCollNetHandle(const void* in) {
 }
 
 uint64_t CollNetJobHash(std::string_view job) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : job) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  return Fnv1a64(job.data(), job.size());
 }
 
 StatusOr<std::string> CollNetPolicy(std::string_view compression) {
@@ -168,7 +147,7 @@ StatusOr<CollNetGroup> PlanCollNetGroup(const std::vector<CollNetHandle>& handle
   }
   CollNetGroup g;
   uint64_t id = 0x5354434e;  // "STCN"
-  for (const CollNetHandle& h : handles) id = Mix(id ^ h.nonce);
+  for (const CollNetHandle& h : handles) id = Mix64(id ^ h.nonce);  // the same on every node head, whatever its build
   g.comm_id = id;
   g.regions = static_cast<int>(by_region.size());
   g.heads_per_region = static_cast<int>(m);

@@ -7,21 +7,13 @@
 #include <stdexcept>
 
 #include "common/endian.h"
+#include "common/hash.h"
 
 namespace strait::nccl {
 namespace {
 
 constexpr size_t kChecksumOffset = kListenChecksumOffset;
 constexpr uint8_t kFlagTunnel = 0x01;
-
-uint32_t Fnv1a(const unsigned char* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 16777619u;
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -53,7 +45,7 @@ Status EncodeHandle(const ListenHandle& h, void* out) {
     PutU32(p + 100, h.gateway_shard);
     PutU64(p + 104, h.listen_id);
   }
-  PutU32(p + kChecksumOffset, Fnv1a(p, kChecksumOffset));
+  PutU32(p + kChecksumOffset, Fnv1a32(p, kChecksumOffset));
   return Status::Ok();
 }
 
@@ -70,7 +62,7 @@ StatusOr<ListenHandle> DecodeHandle(const void* in) {
                                 ", this plugin reads version " + std::to_string(kHandleVersion) +
                                 ": run the same libnccl-net-strait.so version on every rank");
   }
-  if (GetU32(p + kChecksumOffset) != Fnv1a(p, kChecksumOffset)) {
+  if (GetU32(p + kChecksumOffset) != Fnv1a32(p, kChecksumOffset)) {
     return InvalidArgumentError("listen handle checksum mismatch" + std::string(kWhat));
   }
   ListenHandle h;
