@@ -295,6 +295,23 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--timeout", f->timeout_s, "Seconds one all-reduce may take")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
+  // The operator's smoke test: one rank of a deployed job, against gateways already running.
+  cmd.add_option("--gateway", f->gateway,
+                 "Smoke-test deployed gateways: all-reduce through the straitd at this local "
+                 "socket instead of starting any; run it at once in every region with the same "
+                 "--regions, --ranks-per-region, --size, --codec, --iters and --job, each with its "
+                 "own --region-index (and --shard-index); exits 1 on a wrong result")
+      ->type_name("SOCKET");
+  cmd.add_option("--region-index", f->region_index,
+                 "With --gateway: this region's index, 0 .. regions-1 (the same order everywhere)")
+      ->check(IntValidator(0, 15));
+  cmd.add_option("--shard-index", f->shard_index,
+                 "With --gateway: which of the region's --ranks-per-region slices this rank "
+                 "all-reduces (its straitd's shard)")
+      ->check(IntValidator(0, 7))
+      ->capture_default_str();
+  cmd.add_option("--job", f->job, "With --gateway: the job id the ranks share")
+      ->capture_default_str();
   // Rank mode, used by the orchestrator only.
   cmd.add_option("--rank-role", f->role)->group("");
   cmd.add_option("--rank-region", f->rank_region)->group("");
@@ -315,6 +332,24 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                         "must be a multiple of " + std::to_string(elem) + " (" +
                             f->dtype_name + ")");
     }
+    if (!f->gateway.empty()) {
+      if (f->region_index < 0 || f->region_index >= f->regions) {
+        return UsageError(kCommand, "--region-index",
+                          "--gateway needs this region's index, 0 .. " +
+                              std::to_string(f->regions - 1) + " (--regions " +
+                              std::to_string(f->regions) + ")");
+      }
+      if (f->shard_index >= f->ranks_per_region) {
+        return UsageError(kCommand, "--shard-index",
+                          "must be below --ranks-per-region (" +
+                              std::to_string(f->ranks_per_region) + ")");
+      }
+      f->socket = f->gateway;
+      f->rank_region = f->region_index;
+      f->rank_index = f->shard_index;
+      return RunMeshRank(*f);
+    }
+    if (f->region_index >= 0) return UsageError(kCommand, "--region-index", "goes with --gateway");
     if (f->role == "mesh") return RunMeshRank(*f);
     if (f->role == "ring") return RunRingRank(*f);
     if (!f->role.empty()) return UsageError(kCommand, "--rank-role", "mesh or ring");

@@ -72,6 +72,10 @@ struct Flags {
   std::string dtype_name = "float32";    // --dtype as given
   DataType dtype = DataType::kFloat32;   // --dtype parsed (ranks are passed dtype_name)
   bool phases = false;                   // --phases: per-gateway time split under the table
+  // --gateway: one rank against an already running straitd (the operator's smoke test).
+  std::string gateway;
+  int region_index = -1;
+  int shard_index = 0;
   // Hidden: rank mode.
   std::string role;
   int rank_region = 0;

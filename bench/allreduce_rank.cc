@@ -10,13 +10,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <span>
 #include <thread>
 
 #include "bench/allreduce_internal.h"
 #include "bench/gradient.h"
 #include "common/hash.h"
+#include "common/units.h"
 #include "localproto/client.h"
 #include "strait/codec.h"
 
@@ -35,6 +38,30 @@ double LossyLevels(const std::string& resolved_policy) {
 }
 
 // The value of line "<key> <value>" in straitd's stats text; 0 when absent.
+// --gateway's verdict: one line a person reads, exit 1 when the result is wrong.
+int SmokeReport(const Flags& f, const std::string& policy, const Json& times, const Check& c,
+                const std::string& hash) {
+  double mean_ms = 0;
+  for (const auto& t : times) mean_ms += t.get<double>() / 1e6;
+  if (!times.empty()) mean_ms /= static_cast<double>(times.size());
+  std::ostringstream o;
+  o << "strait-bench allreduce --gateway " << f.gateway << ": region " << f.region_index
+    << " shard " << f.shard_index << ", job " << f.job << ", policy " << policy << ": "
+    << f.iters << " all-reduces of " << FormatBytes(f.size) << ", mean " << std::fixed
+    << std::setprecision(1) << mean_ms << " ms; ";
+  if (c.wrong > 0) {
+    o << "WRONG: " << c.wrong << " elements differ from the sum of the " << f.regions
+      << " regions' inputs (max error " << std::setprecision(6) << c.max_error
+      << "); check that every region ran this with the same flags and its own --region-index";
+    std::cout << o.str() << std::endl;
+    return kExitFailure;
+  }
+  o << "OK (max error " << std::setprecision(6) << c.max_error << ", result hash " << hash
+    << ": the same in every region)";
+  std::cout << o.str() << std::endl;
+  return kExitOk;
+}
+
 // The rest of the line `key ...` of straitd's stats text ("" without one).
 std::string StatLine(const std::string& stats, const std::string& key) {
   const std::string needle = key + " ";
@@ -261,7 +288,7 @@ int RunMeshRank(const Flags& f) {
       times.push_back(t1 - t0);
       starts.push_back(t0);
     }
-    Emit("progress " + std::to_string(it + 1));
+    if (f.gateway.empty()) Emit("progress " + std::to_string(it + 1));
   }
   StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
   const uint64_t sent = stats.ok() ? StatValue(*stats, "bytes_sent") - sent_before : 0;
@@ -290,6 +317,7 @@ int RunMeshRank(const Flags& f) {
   out["max_error"] = c.max_error;
   out["wrong"] = c.wrong;
   out["hash"] = Hex(Fnv1a64(data.data(), data.size()));
+  if (!f.gateway.empty()) return SmokeReport(f, *policy, times, c, out["hash"].get<std::string>());
   Emit("result " + out.dump());
   return kExitOk;
 }
