@@ -2,13 +2,13 @@
 // request handlers (gateway.cc: sockets, jobs, all-reduce, lifecycle). Not installed.
 //
 // Locking: `mu` guards links and jobs (`numbering` locks itself); counters are atomics. Handlers
-// run on the connection's thread and may block up to their request's deadline.
+// of requests that may block (all-reduce, join, fetch) run on the local server's workers, up to
+// their request's deadline; the others run on its loop and must not block (local_server.h).
 #ifndef STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 #define STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -29,6 +29,7 @@
 #include "gateway/gateway.h"
 #include "gateway/generation.h"
 #include "gateway/http.h"
+#include "gateway/local_server.h"
 #include "gateway/metrics.h"
 #include "gateway/policy.h"
 #include "gateway/tunnel.h"
@@ -69,21 +70,11 @@ struct Gateway::Impl {
   // own. Set up by Start before any link exists.
   std::unique_ptr<Generations> generations;
 
-  int listen_fd = -1;
   std::atomic<bool> stopping{false};
   std::atomic<int> in_flight{0};
-  std::thread accept_thread;
-  struct Connection {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Connection> connection_threads;  // finished ones are joined at the next accept
-  // Refused local connections, held open until their deadline (RetireRefused); accept thread.
-  std::deque<std::pair<int, int64_t>> refused_fds;
-  static constexpr size_t kMaxRefusedHeld = 256;
-  // The largest frame a client may send before its hello (a hello is a few hundred bytes).
-  static constexpr uint32_t kMaxHelloFrameBytes = 64u << 10;
-  void RetireRefused(int fd);  // fd < 0: only close the expired ones
+  // The local socket and its connections (local_server.h): started by Start after the links,
+  // StopAccepting()ed first and Stop()ped last by Shutdown.
+  std::unique_ptr<LocalServer> local;
   bool shut_down = false;
 
   // Counters for the stats request.
@@ -212,11 +203,12 @@ struct Gateway::Impl {
   // region, replacing an ended one. Does not wait for streams.
   Status DialPeer(int p);
   Status DialRegionGateway(int index);
-  // Called about twice a second from the accept thread.
+  // Called about twice a second on the local server's loop.
   void RedialEndedLinks();
+  // Starts `local` on config.local_socket.
   Status ServeSocket();
-  void AcceptLoop();
-  void ServeConnection(int fd);
+  // Whether Handle may block on a request of this type (it then runs on a worker).
+  static bool MayBlock(MessageType type);
   // Takes the request's data (an all-reduce answers in place).
   Message Handle(Message& request);
   Message HandleAllReduce(Message& request);
