@@ -506,10 +506,8 @@ Status Gateway::Impl::ServeSocket() {
   LocalServerHooks hooks;
   hooks.may_block = &Impl::MayBlock;
   hooks.handle = [this](Message& request) { return Handle(request); };
-  hooks.serve_tunnel = [this](int fd, const Message& request) {
-    tunnels->Serve(fd, request);
-    ::close(fd);
-  };
+  hooks.serve_tunnel = [this](int fd, const Message& request) { tunnels->Serve(fd, request); };
+  hooks.attach = [this](asio::io_context& loop) { tunnels->Start(loop); };
   hooks.tick = [this] { RedialEndedLinks(); };
   auto server = LocalServer::Start(std::move(options), std::move(hooks),
                                    {&connections, &refused_connections, &bad_requests});

@@ -160,7 +160,8 @@ struct Gateway::Impl {
                                                   uint64_t sequence, Deadline deadline);
 
   // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
-  // messages always find it; its threads end when `stopping` turns true.
+  // messages always find it; runs on `local`'s loop (ServeSocket attaches it), and its listens and
+  // tunnels end when `stopping` turns true.
   std::unique_ptr<TunnelService> tunnels;
   std::shared_ptr<net::Link> LinkTo(int peer) {
     std::lock_guard<std::mutex> lock(mu);

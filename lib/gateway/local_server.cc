@@ -129,6 +129,7 @@ class LocalServer::Core {
 
   Status Bind();
   void Run() {
+    hooks_.attach(io_);
     accepting_.store(true);
     Accept();
     ArmTick();
@@ -148,8 +149,6 @@ class LocalServer::Core {
     connections_.erase(it);
     open_.store(connections_.size());
   }
-  // Runs hooks_.serve_tunnel(fd, request) on a thread of its own.
-  void HandOver(int fd, Message request);
 
   bool serving() const { return accepting_.load(); }
   size_t open_connections() const { return open_.load(); }
@@ -184,13 +183,6 @@ class LocalServer::Core {
   bool stopping_ = false;  // loop only: accepting stopped
   std::atomic<bool> accepting_{false};
   WorkerPool workers_;
-
-  struct TunnelThread {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::mutex tunnel_mu_;
-  std::vector<TunnelThread> tunnel_threads_;  // finished ones are joined at the next hand-over
 
   std::mutex stop_mu_;  // serialises StopAccepting and Stop
   bool accept_stopped_ = false;
@@ -303,7 +295,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       const int fd = socket_.release(ignored);
       closed_ = true;
       core_.Forget(self_);
-      if (fd >= 0) core_.HandOver(fd, std::move(request_));
+      if (fd >= 0) hooks.serve_tunnel(fd, request_);
       return;
     }
     greeted_ = true;
@@ -525,24 +517,6 @@ void LocalServer::Core::ArmTick() {
   });
 }
 
-void LocalServer::Core::HandOver(int fd, Message request) {
-  std::lock_guard<std::mutex> lock(tunnel_mu_);
-  for (auto it = tunnel_threads_.begin(); it != tunnel_threads_.end();) {
-    if (it->done->load()) {
-      it->thread.join();
-      it = tunnel_threads_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  tunnel_threads_.push_back({std::thread([this, fd, done, request = std::move(request)] {
-                               hooks_.serve_tunnel(fd, request);
-                               done->store(true);
-                             }),
-                             done});
-}
-
 void LocalServer::Core::CloseListening() {
   stopping_ = true;
   asio::error_code ignored;
@@ -580,16 +554,10 @@ void LocalServer::Core::Stop() {
   if (stopped_) return;
   stopped_ = true;
   // Requests still running finish (the gateway's stopping makes them quick) and post their
-  // replies; tunnels end on the gateway's stopping too.
+  // replies.
   workers_.Join();
-  std::vector<TunnelThread> tunnels;
-  {
-    std::lock_guard<std::mutex> tl(tunnel_mu_);
-    tunnels.swap(tunnel_threads_);
-  }
-  for (auto& t : tunnels) t.thread.join();
   // The loop sends the last replies, then each connection closes (it sees stopping_); once
-  // nothing is pending, run() returns.
+  // nothing is pending (tunnels end on the gateway's stopping too), run() returns.
   asio::post(io_, [this] {
     std::list<std::shared_ptr<Connection>> open = connections_;
     for (auto& c : open) c->CloseIfIdle();

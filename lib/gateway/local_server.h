@@ -11,7 +11,8 @@
 // their deadline) run on a bounded pool of worker threads, started as they are needed, and their
 // replies are posted back to the loop; the others run on the loop. A connection reads its next
 // request only after it answered the previous one, so each client's requests run in order.
-// Connections that ask for a tunnel go to `serve_tunnel` (see LocalServerHooks).
+// Connections that ask for a tunnel go to `serve_tunnel` (see LocalServerHooks), which runs them
+// on the same loop (`attach`).
 //
 // What the socket enforces (the gateway's admission; see "Jobs and isolation" in gateway.h):
 // - the client's uid or gid (SO_PEERCRED) must be allowed, checked at accept: a refused client
@@ -36,6 +37,10 @@
 
 #include "localproto/protocol.h"
 #include "strait/status.h"
+
+namespace asio {
+class io_context;
+}  // namespace asio
 
 namespace strait::gateway {
 
@@ -65,9 +70,12 @@ struct LocalServerHooks {
   std::function<localproto::Message(localproto::Message& request)> handle;
   // Takes over a connection whose client asked for a tunnel (a kTunnelListen, kTunnelConnect or
   // kTunnelAccept `request`, after its hello): `fd` is now the hook's to serve and close. Runs on
-  // a thread the server starts for it and may block until the tunnel ends; the server joins it
-  // in Stop(), so it must end when the gateway stops.
+  // the loop and must not block; what it starts on the loop must end when the gateway stops, for
+  // Stop() waits for the loop to run out of work.
   std::function<void(int fd, const localproto::Message& request)> serve_tunnel;
+  // Called once by Start, before the loop runs: lets another service put its work on the loop
+  // (TunnelService::Start).
+  std::function<void(asio::io_context& loop)> attach;
   // Runs on the loop every LocalServerOptions::tick_ns (e.g. redialing ended links); must not
   // block for long.
   std::function<void()> tick;
@@ -102,8 +110,8 @@ class LocalServer {
   // stops the tick; requests running finish and send their replies. Blocks until the loop did
   // so. Idempotent; thread-safe; not from the loop or a hook.
   void StopAccepting();
-  // StopAccepting(), then waits for the requests running on workers and for the tunnel threads,
-  // lets the last replies go out, closes every connection and ends the loop. Idempotent;
+  // StopAccepting(), then waits for the requests running on workers, lets the last replies go
+  // out, closes every connection and waits for the loop to run out of work (the tunnels end). Idempotent;
   // thread-safe; not from the loop or a hook.
   void Stop();
 
