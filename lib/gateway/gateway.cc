@@ -5,10 +5,6 @@
 #include "common/strings.h"
 #include "gateway/gateway.h"
 
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,7 +30,6 @@ namespace strait::gateway {
 namespace {
 
 constexpr const char* kLog = "gateway";
-constexpr int kPollSliceMs = 100;
 
 }  // namespace
 
@@ -47,176 +42,28 @@ Message Refused(MessageType to, const Status& status) {
 }
 
 Status Gateway::Impl::ServeSocket() {
-  const std::string& path = config.local_socket;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), std::min(path.size(), sizeof(addr.sun_path) - 1));
-  // A socket file left by a crashed straitd blocks bind(); nothing else may live there.
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return FailedPreconditionError("local.socket " + path +
-                                     " exists and is not a socket; refusing to replace it");
-    }
-    ::unlink(path.c_str());
-  }
-  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd < 0) return UnavailableError(std::string("socket(): ") + std::strerror(errno));
-  if (::bind(listen_fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return UnavailableError("cannot bind local.socket " + path + ": " + std::strerror(errno));
-  }
-  if (::chmod(path.c_str(), 0660) != 0) {
-    return UnavailableError("cannot chmod 0660 local.socket " + path + ": " +
-                            std::strerror(errno));
-  }
-  if (::listen(listen_fd, 64) != 0) {
-    return UnavailableError("cannot listen on local.socket " + path + ": " +
-                            std::strerror(errno));
-  }
-  accept_thread = std::thread([this] { AcceptLoop(); });
+  LocalServerOptions options;
+  options.path = config.local_socket;
+  options.allowed_uids = config.allowed_uids;
+  options.allowed_gids = config.allowed_gids;
+  LocalServerHooks hooks;
+  hooks.may_block = &Impl::MayBlock;
+  hooks.handle = [this](Message& request) { return Handle(request); };
+  hooks.serve_tunnel = [this](int fd, const Message& request) { tunnels->Serve(fd, request); };
+  hooks.attach = [this](asio::io_context& loop) { tunnels->Start(loop); };
+  hooks.tick = [this] { RedialEndedLinks(); };
+  auto server = LocalServer::Start(std::move(options), std::move(hooks),
+                                   {&connections, &refused_connections, &bad_requests});
+  if (!server.ok()) return server.status();
+  local = std::move(server).value();
   return Status::Ok();
 }
 
-void Gateway::Impl::AcceptLoop() {
-  int64_t next_redial_check = 0;
-  while (!stopping.load()) {
-    if (const int64_t now = MonotonicNanos(); now >= next_redial_check) {
-      next_redial_check = now + 500'000'000;
-      RedialEndedLinks();
-    }
-    RetireRefused(-1);
-    pollfd p{listen_fd, POLLIN, 0};
-    if (::poll(&p, 1, kPollSliceMs) <= 0) continue;
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    bool allowed = false;
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      const auto& uids = config.allowed_uids;
-      const auto& gids = config.allowed_gids;
-      allowed = std::find(uids.begin(), uids.end(), cred.uid) != uids.end() ||
-                std::find(gids.begin(), gids.end(), cred.gid) != gids.end();
-    }
-    if (!allowed) {
-      ++refused_connections;
-      STRAIT_LOG(kWarn, kLog) << "refused local client pid " << cred.pid << " uid " << cred.uid
-                              << " gid " << cred.gid << ": not in local.allowed_uids/gids";
-      // The refusal goes out at once, before the client's hello (it reads it as the hello's
-      // reply), and nothing is read: waiting for the hello here let a refused uid's silent
-      // connections delay every allowed client by a second each.
-      auto frame = EncodeMessage(Reply(
-          MessageType::kHello,
-          PermissionDeniedError("uid " + std::to_string(cred.uid) + " gid " +
-                                std::to_string(cred.gid) +
-                                " is not allowed by the gateway's local.allowed_uids / "
-                                "local.allowed_gids")));
-      if (frame.ok()) {
-        (void)!::send(fd, frame->data(), frame->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      }
-      RetireRefused(fd);
-      continue;
-    }
-    ++connections;
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto it = connection_threads.begin(); it != connection_threads.end();) {
-      if (it->done->load()) {
-        it->thread.join();
-        it = connection_threads.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    connection_threads.push_back({std::thread([this, fd, done] {
-                                    ServeConnection(fd);
-                                    done->store(true);
-                                  }),
-                                  done});
-  }
-}
-
-void Gateway::Impl::RetireRefused(int fd) {
-  // A refused connection stays open for a second after its refusal was sent, so that the
-  // client's hello is still accepted by the socket and it reads the refusal instead of EPIPE;
-  // then it is closed. Bounded: the oldest go first.
-  const int64_t now = MonotonicNanos();
-  while (!refused_fds.empty() &&
-         (refused_fds.front().second <= now || refused_fds.size() >= kMaxRefusedHeld)) {
-    ::close(refused_fds.front().first);
-    refused_fds.pop_front();
-  }
-  if (fd >= 0) refused_fds.emplace_back(fd, now + 1'000'000'000);
-}
-
-void Gateway::Impl::ServeConnection(int fd) {
-  bool greeted = false;
-  // Who is on the other end: the accept loop admitted these credentials; jobs belong to the uid.
-  ucred cred{};
-  socklen_t cred_len = sizeof(cred);
-  const uint32_t client_uid =
-      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.uid : UINT32_MAX;
-  // The connection's buffers live as long as it does: a rank sends tensor after tensor, and a
-  // fresh tensor-sized buffer per request (glibc mmaps those above 32 MiB) costs page faults,
-  // zeroing and unmapping on every step. `body` holds the request's frame, `request.data` its
-  // tensor, which the all-reduce reduces in place and the reply carries back.
-  std::vector<uint8_t> body;
-  Message request;
-  while (!stopping.load()) {
-    pollfd p{fd, POLLIN, 0};
-    const int rc = ::poll(&p, 1, kPollSliceMs);
-    if (rc == 0) continue;
-    if (rc < 0 && errno == EINTR) continue;
-    // Until the hello, frames are small: a client that sends only a large length prefix must
-    // not make the gateway reserve that much (eight 256 MiB prefixes cost 2 GB before).
-    const uint32_t limit = greeted ? kDefaultMaxMessageBytes : kMaxHelloFrameBytes;
-    if (Status read = ReadFrameInto(fd, limit, Deadline::AfterSeconds(30), &body); !read.ok()) {
-      if (read.code() != StatusCode::kUnavailable) {
-        // The framing is broken (oversized or truncated): say so and drop the connection.
-        ++bad_requests;
-        auto frame = EncodeMessage(Reply(MessageType::kHello, read));
-        if (frame.ok()) WriteAll(fd, *frame, Deadline::AfterSeconds(1)).IgnoreError();
-        STRAIT_LOG(kWarn, kLog) << "local client dropped: " << read;
-      }
-      break;
-    }
-    Message reply;
-    if (Status decoded = DecodeMessageInto(body, &request); !decoded.ok()) {
-      ++bad_requests;
-      const uint8_t t = body[0];
-      const MessageType to =
-          localproto::IsRequestType(t) ? static_cast<MessageType>(t) : MessageType::kHello;
-      reply = Reply(to, decoded.WithContext("bad request"));
-    } else if (!greeted && request.type != MessageType::kHello) {
-      ++bad_requests;
-      reply = Reply(request.type, FailedPreconditionError("send a hello first"));
-    } else if (request.type == MessageType::kReply) {
-      ++bad_requests;
-      reply = Reply(MessageType::kHello, InvalidArgumentError("clients do not send replies"));
-    } else if (TunnelService::IsTunnelRequest(request.type)) {
-      // The connection now belongs to the listen or tunnel until it ends (tunnel.h).
-      tunnels->Serve(fd, request);
-      break;
-    } else {
-      greeted = true;
-      request.client_uid = client_uid;
-      reply = Handle(request);
-    }
-    // The head, then the data straight from the reply's buffer (an all-reduce's result in the
-    // request's own buffer): no tensor-sized frame is assembled.
-    auto head = EncodeMessageHead(reply, reply.data.size());
-    if (!head.ok()) {
-      reply = Reply(reply.reply_to, head.status());
-      head = EncodeMessageHead(reply, 0);
-    }
-    if (!head.ok() || !WriteAll(fd, *head, Deadline::AfterSeconds(30)).ok() ||
-        !WriteAll(fd, reply.data, Deadline::AfterSeconds(30)).ok()) {
-      break;
-    }
-    // Keep the larger buffer for the next request (HandleAllReduce moved the tensor's here).
-    if (reply.data.capacity() > request.data.capacity()) request.data = std::move(reply.data);
-  }
-  ::close(fd);
+bool Gateway::Impl::MayBlock(MessageType type) {
+  // Hello, job registration and stats only take short locks; everything else may wait for the
+  // other regions (all-reduce, join, fetch) and so leaves the loop.
+  return type != MessageType::kHello && type != MessageType::kRegisterJob &&
+         type != MessageType::kStats;
 }
 
 Message Gateway::Impl::Handle(Message& request) {
@@ -458,13 +305,7 @@ void Gateway::Shutdown(Deadline grace) {
   }
   g->http.reset();  // its handlers read the links and jobs
   // Stop accepting, so that no new request starts while in-flight ones finish.
-  if (g->accept_thread.joinable()) g->accept_thread.join();
-  for (const auto& [fd, until] : g->refused_fds) ::close(fd);
-  g->refused_fds.clear();
-  if (g->listen_fd >= 0) {
-    ::close(g->listen_fd);
-    ::unlink(g->config.local_socket.c_str());
-  }
+  if (g->local != nullptr) g->local->StopAccepting();
   while (g->in_flight.load() > 0 && !grace.Expired()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -499,12 +340,8 @@ void Gateway::Shutdown(Deadline grace) {
   }
   // Closing the endpoint fails the links, which ends any all-reduce still waiting on a peer.
   g->endpoint.reset();
-  std::vector<Impl::Connection> threads;
-  {
-    std::lock_guard<std::mutex> lock(g->mu);
-    threads.swap(g->connection_threads);
-  }
-  for (auto& c : threads) c.thread.join();
+  // The requests still running end now; their replies go out, then every connection closes.
+  if (g->local != nullptr) g->local->Stop();
 }
 
 uint16_t Gateway::wan_port() const { return impl_->wan_port; }

@@ -1,8 +1,10 @@
 // Internal to lib/gateway: the state behind Gateway, shared by the files that implement its
 // services. Not installed. Gateway::Impl is the context every service reaches; its parts:
 //
-//   gateway.cc            lifecycle (Start, Shutdown, ReloadIdentity), the local socket and its
-//                         connections, request dispatch (Handle), link supervision (redial).
+//   gateway.cc            lifecycle (Start, Shutdown, ReloadIdentity), request dispatch
+//                         (Handle), link supervision (redial, on the local server's timer).
+//   local_server.*        the local socket on one Asio loop; blocking requests on its workers.
+//   tunnel_service.cc     cross-region tunnels on the local server's loop.
 //   allreduce_service.*   the all-reduce as stages: admit -> resolve codecs -> prepare -> number
 //                         -> run -> commit -> reply (AllReduceService, `allreduce`).
 //   peer_control.cc       what the gateways tell each other outside the collective: the channel
@@ -15,21 +17,20 @@
 //   numbering.*           op ids and generation keys (pure).
 //
 // Locking, from outside in (never take an outer lock while holding an inner one):
-//   `mu`                  links, pending_links, region_links, jobs (JobTable), connection
-//                         threads, shut_down. The jobs stay under `mu` (not a lock of their own)
+//   `mu`                  links, pending_links, region_links, jobs (JobTable), shut_down. The jobs stay under `mu` (not a lock of their own)
 //                         because admission checks `stopping` and counts itself in flight under
 //                         the same lock that Shutdown sets `stopping` under.
 //   `peer_control.results.mu`  committed results and pending fetches (CommittedResults).
 //   Generations, PolicyAgreement, WeightsAgreement, TunnelService, NetTransport and
 //   ErrorFeedbackStore lock themselves; counters are atomics.
-// Handlers run on the connection's thread and may block up to their request's deadline;
-// messages from peers arrive on the endpoint's I/O thread and never block.
+// Handlers of requests that may block (all-reduce, join, fetch) run on the local server's
+// workers, up to their request's deadline; the others run on its loop and must not block
+// (local_server.h); messages from peers arrive on the endpoint's I/O thread and never block.
 #ifndef STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 #define STRAIT_LIB_GATEWAY_GATEWAY_IMPL_H_
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -52,6 +53,7 @@
 #include "gateway/gateway.h"
 #include "gateway/generation.h"
 #include "gateway/http.h"
+#include "gateway/local_server.h"
 #include "gateway/metrics.h"
 #include "gateway/policy.h"
 #include "gateway/straggler.h"
@@ -179,21 +181,11 @@ struct Gateway::Impl {
   // own. Set up by Start before any link exists.
   std::unique_ptr<Generations> generations;
 
-  int listen_fd = -1;
   std::atomic<bool> stopping{false};
   std::atomic<int> in_flight{0};
-  std::thread accept_thread;
-  struct Connection {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Connection> connection_threads;  // finished ones are joined at the next accept
-  // Refused local connections, held open until their deadline (RetireRefused); accept thread.
-  std::deque<std::pair<int, int64_t>> refused_fds;
-  static constexpr size_t kMaxRefusedHeld = 256;
-  // The largest frame a client may send before its hello (a hello is a few hundred bytes).
-  static constexpr uint32_t kMaxHelloFrameBytes = 64u << 10;
-  void RetireRefused(int fd);  // fd < 0: only close the expired ones
+  // The local socket and its connections (local_server.h): started by Start after the links,
+  // StopAccepting()ed first and Stop()ped last by Shutdown.
+  std::unique_ptr<LocalServer> local;
   bool shut_down = false;
 
   // Counters for the stats request.
@@ -266,7 +258,8 @@ struct Gateway::Impl {
   void OnFetchMessage(int peer, std::span<const uint8_t> message);
 
   // Cross-region tunnels (tunnel.h): created by Start before any link, so that tunnel-channel
-  // messages always find it; its threads end when `stopping` turns true.
+  // messages always find it; runs on `local`'s loop (ServeSocket attaches it), and its listens and
+  // tunnels end when `stopping` turns true.
   std::unique_ptr<TunnelService> tunnels;
   std::shared_ptr<net::Link> LinkTo(int peer) {
     std::lock_guard<std::mutex> lock(mu);
@@ -308,11 +301,12 @@ struct Gateway::Impl {
   // region, replacing an ended one. Does not wait for streams.
   Status DialPeer(int p);
   Status DialRegionGateway(int index);
-  // Called about twice a second from the accept thread.
+  // Called about twice a second on the local server's loop.
   void RedialEndedLinks();
+  // Starts `local` on config.local_socket.
   Status ServeSocket();
-  void AcceptLoop();
-  void ServeConnection(int fd);
+  // Whether Handle may block on a request of this type (it then runs on a worker).
+  static bool MayBlock(MessageType type);
   // Takes the request's data (an all-reduce answers in place).
   Message Handle(Message& request);
   Message HandleRegister(Message& request);

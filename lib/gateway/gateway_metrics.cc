@@ -233,7 +233,7 @@ std::string Gateway::Impl::MetricsText() {
 HttpResponse Gateway::Impl::Readiness() {
   std::string missing;
   auto add = [&](const std::string& what) { missing += (missing.empty() ? "" : "\n") + what; };
-  if (listen_fd < 0 || stopping.load()) add("local socket " + config.local_socket + " not served");
+  if (local == nullptr || !local->serving() || stopping.load()) add("local socket " + config.local_socket + " not served");
   std::vector<std::pair<std::string, std::shared_ptr<net::Link>>> peer_links;
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -37,13 +37,15 @@
 // holds at most window + one message per tunnel direction, and a slow reader makes the sending
 // rank block in write instead of making a gateway buffer without limit.
 //
-// Threads: each tunnel pipe uses the Unix connection's own thread to read the rank's frames
-// (encode, send on the link) and one writer thread to deliver the peer's messages (decode, write
-// to the rank, credit back); a listen uses its connection's thread. WAN messages arrive on the
-// endpoint's I/O thread (OnWanMessage), which only queues and never blocks. One supervisor thread
-// expires unaccepted tunnels and closes tunnels whose link failed or was replaced (the peer
-// gateway restarted: its tunnel state is gone). This thread-per-connection model is fine for the
-// tens of connections a node's ranks open; an event loop would replace it for thousands.
+// Threads: none of its own. Listens and tunnels run on the local server's event loop
+// (local_server.h; TunnelService::Start), as state machines over the ranks' Unix connections: a
+// tunnel reads its rank's next frame while the peer's window allows and writes the peer's next
+// message while one is queued. WAN messages arrive on the endpoint's I/O thread (OnWanMessage),
+// which only queues, sends and posts a kick to the loop, never blocks. A supervisor timer on the
+// loop expires unaccepted tunnels, closes tunnels whose link failed or was replaced (the peer
+// gateway restarted: its tunnel state is gone) and ends everything when the gateway stops. So an
+// open tunnel costs its connection and buffers, not threads. The wire format and the codec live
+// in tunnel.cc, the service in tunnel_service.cc.
 #ifndef STRAIT_LIB_GATEWAY_TUNNEL_H_
 #define STRAIT_LIB_GATEWAY_TUNNEL_H_
 
@@ -57,7 +59,7 @@
 #include <random>
 #include <span>
 #include <string>
-#include <thread>
+#include <system_error>
 #include <vector>
 
 #include "collective/channels.h"
@@ -67,6 +69,10 @@
 #include "net/estimates.h"
 #include "strait/codec.h"
 #include "strait/status.h"
+
+namespace asio {
+class io_context;
+}  // namespace asio
 
 namespace strait::net {
 class Link;
@@ -188,29 +194,35 @@ struct TunnelServiceOptions {
 class TunnelService {
  public:
   // Returns the current link to the gateway of region rank `peer` (null when none). Called from
-  // connection threads, the supervisor and the I/O thread: it must only take a short lock.
+  // the loop and the I/O thread: it must only take a short lock.
   using LinkLookup = std::function<std::shared_ptr<net::Link>(int peer)>;
 
   // `stopping` is the gateway's flag: when it turns true, listens and tunnels end (their ranks
-  // get a reason) within about 100 ms.
+  // get a reason) within about 100 ms, and once none is left the supervisor stops, so that the
+  // loop can end.
   TunnelService(TunnelServiceOptions options, LinkLookup links, const std::atomic<bool>* stopping);
-  // Stops the supervisor. Connection threads must have returned from Serve first.
+  // The loop must have ended first (it runs this service's handlers).
   ~TunnelService();
   TunnelService(const TunnelService&) = delete;
   TunnelService& operator=(const TunnelService&) = delete;
+
+  // Runs the service's connections and its supervisor on `loop` from now on. Call once, before
+  // Serve; `loop` outlives the service's use of it (its run() ends only after the gateway
+  // stopped and every listen and tunnel ended).
+  void Start(asio::io_context& loop);
 
   static bool IsTunnelRequest(MessageType type) {
     return type == MessageType::kTunnelListen || type == MessageType::kTunnelConnect ||
            type == MessageType::kTunnelAccept;
   }
 
-  // Serves a listen, connect or accept request on local connection `fd` (after its hello):
-  // writes the replies, then runs the listen or the tunnel until it ends. Blocks the calling
-  // connection thread that long; does not close `fd`. Thread-safe.
+  // Takes over local connection `fd` (after its hello) for a listen, connect or accept request:
+  // writes the replies, then runs the listen or the tunnel until it ends, and closes `fd`. On the
+  // loop only; never blocks.
   void Serve(int fd, const Message& request);
 
   // A tunnel-channel message from the gateway of region rank `peer`. Runs on the I/O thread;
-  // only queues and sends, never blocks. Thread-safe.
+  // only queues, sends and posts to the loop, never blocks. Thread-safe.
   void OnWanMessage(int peer, uint32_t channel, std::vector<uint8_t> message);
 
   // Counters, one "name value" per line (part of the gateway's stats).
@@ -218,20 +230,41 @@ class TunnelService {
 
   struct State;  // one tunnel
   struct Listen;
+  class RankConn;  // a rank's connection on the loop
 
  private:
-  void ServeListen(int fd, uint32_t uid);
-  void ServeConnect(int fd, const Message& request);
-  void ServeAccept(int fd, const Message& request, uint32_t uid);
-  // Runs the open tunnel `t` on `fd` until it ends; `replied` is how writing the rank's
-  // connect/accept reply went.
-  void RunPipe(const std::shared_ptr<State>& t, int fd, const Status& replied);
-  void ReadFromRank(const std::shared_ptr<State>& t, int fd);
-  void WriteToRank(const std::shared_ptr<State>& t, int fd);
+  // All on the loop (tunnel_service.cc says what each does).
+  void ServeListen(std::unique_ptr<RankConn> rank, uint32_t uid);
+  void PumpListen(const std::shared_ptr<Listen>& listen);
+  void EndListen(const std::shared_ptr<Listen>& listen);
+  void ServeConnect(std::unique_ptr<RankConn> rank, const Message& request);
+  void WaitForLinkAndOpen(const std::shared_ptr<State>& t);
+  void Resolve(const std::shared_ptr<State>& t);
+  void EndConnect(const std::shared_ptr<State>& t, bool answered, Status result);
+  void ServeAccept(std::unique_ptr<RankConn> rank, const Message& request, uint32_t uid);
+  void ReplyThenPipe(const std::shared_ptr<State>& t, const Message& reply);
+  void PipeFailed(const std::shared_ptr<State>& t);
+  void Pump(const std::shared_ptr<State>& t);
+  void PumpFromRank(const std::shared_ptr<State>& t);
+  void OnRankLength(const std::shared_ptr<State>& t, const std::error_code& ec, size_t n);
+  void OnRankFrame(const std::shared_ptr<State>& t);
+  void RankBroke(const std::shared_ptr<State>& t, const Status& why);
+  void EndRankSide(const std::shared_ptr<State>& t, StatusCode code, const std::string& text,
+                   bool tell_rank);
+  void PumpToRank(const std::shared_ptr<State>& t);
+  void CloseToRank(const std::shared_ptr<State>& t, bool closing, StatusCode code,
+                   const std::string& text);
+  void FinishPipe(const std::shared_ptr<State>& t);
+  void WriteToRank(RankConn& rank, std::vector<uint8_t>* out, int64_t timeout_ns,
+                   std::shared_ptr<void> owner, std::function<void(const Status&)> done);
+  void RefuseAndClose(std::unique_ptr<RankConn> rank, const Message& reply);
+  void ArmSupervisor();
   void Supervise();
+  // Any thread.
+  void Kick(const std::shared_ptr<State>& t);  // Pump(t) on the loop
   // Ends `t` from the peer's side (or the link's): the rank gets everything already received,
   // then kTunnelClose with `why`. A tunnel still opening fails its open with `why`.
-  static void PeerClosed(const std::shared_ptr<State>& t, Status why);
+  void PeerClosed(const std::shared_ptr<State>& t, Status why);
   void SendWire(const std::shared_ptr<net::Link>& link, const TunnelWire& wire, int64_t timeout_ns,
                 std::function<void(Status)> done = nullptr);
   uint64_t NewIdLocked();
@@ -248,8 +281,10 @@ class TunnelService {
   std::map<uint64_t, std::shared_ptr<Listen>> listens_;
   std::mt19937_64 rng_;
 
-  std::atomic<bool> quit_{false};
-  std::thread supervisor_;
+  asio::io_context* loop_ = nullptr;  // set by Start
+  class Timer;
+  std::unique_ptr<Timer> supervisor_;
+  int live_ = 0;  // loop only: connections this service holds (listens, connects, pipes)
 
   std::atomic<uint64_t> listens_total_{0}, opened_{0}, refused_{0}, closed_with_error_{0};
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};

@@ -20,7 +20,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -503,6 +505,45 @@ TEST_F(StraitdTunnel, OnlyTheListenersUidMayAccept) {
   EXPECT_TRUE(b.ok()) << b.status();
   ::close(accept_fd);
   ::close(listen_fd);
+}
+
+// Threads of process `pid` now (its /proc/<pid>/task entries); -1 when it is gone.
+int ThreadCount(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/task", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
+}
+
+// Open tunnels cost connections and buffers, not threads: 40 tunnels (each with its own listen)
+// leave both daemons with no more threads than one did (a tunnel used to add a reader and a
+// writer thread on each side, a listen one more).
+TEST_F(StraitdTunnel, OpenTunnelsCostNoThreads) {
+  std::vector<Pair> pairs;
+  pairs.push_back(Open());
+  ASSERT_TRUE(pairs[0].a && pairs[0].b);
+  Exchange(*pairs[0].b, *pairs[0].a, 1, {10, 100'000}, true);
+  const int one[2] = {ThreadCount(pids_[0]), ThreadCount(pids_[1])};
+  for (int i = 1; i < 40; ++i) {
+    pairs.push_back(Open());
+    ASSERT_TRUE(pairs.back().a && pairs.back().b) << "tunnel " << i;
+  }
+  // Every tunnel carries data both ways.
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    Exchange(*pairs[i].b, *pairs[i].a, 100 + i, {1, 5000}, false);
+    Exchange(*pairs[i].a, *pairs[i].b, 200 + i, {7}, false);
+  }
+  const int forty[2] = {ThreadCount(pids_[0]), ThreadCount(pids_[1])};
+  std::printf("straitd threads (a, b): %d, %d with 1 tunnel; %d, %d with 40\n", one[0], one[1],
+              forty[0], forty[1]);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(one[r], 0);
+    EXPECT_LE(forty[r], one[r]) << kNames[r] << ": open tunnels cost threads";
+  }
+  EXPECT_EQ(Counter(Stats(0), "tunnels_open"), 40u);
 }
 
 }  // namespace
