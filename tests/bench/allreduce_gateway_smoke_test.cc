@@ -1,0 +1,126 @@
+// `strait-bench allreduce --gateway SOCKET`: the operator's smoke test against gateways that are
+// already running (three real straitd over strait-wanem, as a deployment would have them), one
+// strait-bench process per region started at once, as a job's ranks would be. Checks that every
+// region reports OK with the same result hash; that a region started with another region's index
+// (so the sum differs from the reference) reports WRONG and exits 1; and that --gateway without
+// --region-index is a usage error (exit 2) naming the flag.
+//
+// Root only (namespaces, TUN devices): skips with the reason otherwise.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/wanem/netns.h"
+#include "tests/gateway/wan_cluster.h"
+
+namespace strait {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+};
+
+Result RunBench(const std::vector<std::string>& args) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    std::string bin = STRAIT_BENCH_BINARY;
+    argv.push_back(bin.data());
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  Result r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+class GatewaySmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Status p = wanem::CheckPrivileges(); !p.ok()) {
+      GTEST_SKIP() << "needs strait-wanem (root): " << p.message();
+    }
+    gateway::testing::WanClusterOptions o;
+    o.straitd = STRAITD_PATH;
+    o.name = "gwsmoke";
+    o.regions = 3;
+    o.ranks_per_region = 1;
+    o.tls = false;
+    auto cluster = gateway::testing::WanCluster::Start(o);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(cluster).value();
+  }
+
+  // One strait-bench per region at once; `index[r]` is the --region-index region r's claims.
+  std::vector<Result> RunEverywhere(const std::string& job, const std::vector<int>& index) {
+    std::vector<Result> results(index.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < index.size(); ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = RunBench({"allreduce", "--gateway", cluster_->Socket(static_cast<int>(r), 0),
+                               "--regions", "3", "--ranks-per-region", "1", "--region-index",
+                               std::to_string(index[r]), "--size", "256KiB", "--iters", "3",
+                               "--codec", "int8", "--job", job, "--timeout", "30"});
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  std::unique_ptr<gateway::testing::WanCluster> cluster_;
+};
+
+std::string HashOf(const std::string& out) {
+  const size_t at = out.find("result hash ");
+  return at == std::string::npos ? "" : out.substr(at + 12, 16);
+}
+
+TEST_F(GatewaySmoke, EveryRegionReportsOkWithTheSameResult) {
+  const std::vector<Result> r = RunEverywhere("smoke", {0, 1, 2});
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].exit_code, 0) << "region " << i << ": " << r[i].out;
+    EXPECT_NE(r[i].out.find("region " + std::to_string(i) + " shard 0, job smoke"),
+              std::string::npos)
+        << r[i].out;
+    EXPECT_NE(r[i].out.find("3 all-reduces of 256 KiB"), std::string::npos) << r[i].out;
+    EXPECT_NE(r[i].out.find("; OK (max error"), std::string::npos) << r[i].out;
+    EXPECT_EQ(HashOf(r[i].out), HashOf(r[0].out)) << r[i].out;
+  }
+  EXPECT_EQ(HashOf(r[0].out).size(), 16u) << r[0].out;
+}
+
+TEST_F(GatewaySmoke, ARegionWithAnotherRegionsIndexMakesEveryRegionReportWrong) {
+  // Region 1 contributes region 0's tensor: the sum is not the reference's anywhere.
+  const std::vector<Result> r = RunEverywhere("misnumbered", {0, 0, 2});
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].exit_code, 1) << "region " << i << ": " << r[i].out;
+    EXPECT_NE(r[i].out.find("WRONG: "), std::string::npos) << r[i].out;
+    EXPECT_NE(r[i].out.find("its own --region-index"), std::string::npos) << r[i].out;
+  }
+}
+
+TEST_F(GatewaySmoke, GatewayWithoutRegionIndexIsAUsageError) {
+  const Result r = RunBench({"allreduce", "--gateway", cluster_->Socket(0, 0)});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+}
+
+}  // namespace
+}  // namespace strait
