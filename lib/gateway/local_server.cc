@@ -25,6 +25,7 @@
 
 #include "common/endian.h"
 #include "common/log.h"
+#include "net/accept_pause.h"
 
 namespace strait::gateway {
 namespace {
@@ -34,9 +35,6 @@ using localproto::MessageType;
 using Socket = asio::local::stream_protocol::socket;
 
 constexpr const char* kLog = "gateway";
-// How long accepting pauses when the process is out of descriptors (or memory): long enough not
-// to spin on a backlog it cannot take, short enough that clients barely notice.
-constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // How long an error reply to a broken frame may take before the connection just closes.
 constexpr auto kErrorReplyTimeout = std::chrono::seconds(1);
 
@@ -120,7 +118,7 @@ class LocalServer::Core {
         counters_(counters),
         work_(asio::make_work_guard(io_)),
         acceptor_(io_),
-        backoff_(io_),
+        accept_pause_(io_.get_executor(), "a local connection", kLog),
         tick_(io_),
         refused_timer_(io_),
         workers_(options_.max_workers != 0
@@ -157,7 +155,6 @@ class LocalServer::Core {
  private:
   void Accept();
   void OnAccepted(Socket socket);
-  void OnAcceptError(const asio::error_code& ec);
   void Refuse(Socket socket, const ucred& cred);
   void RetireRefused();
   void ArmTick();
@@ -170,7 +167,7 @@ class LocalServer::Core {
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   asio::local::stream_protocol::acceptor acceptor_;
-  asio::steady_timer backoff_;
+  net::AcceptPause accept_pause_;  // out of descriptors: pause and retry (net/accept_pause.h)
   asio::steady_timer tick_;
   // Refused connections in the order they were refused, each with when it is closed;
   // refused_timer_ runs for the oldest.
@@ -179,7 +176,6 @@ class LocalServer::Core {
   // Touched on the loop only (open_ mirrors its size for other threads).
   std::list<std::shared_ptr<Connection>> connections_;
   std::atomic<size_t> open_{0};
-  uint64_t accept_failures_ = 0;
   bool stopping_ = false;  // loop only: accepting stopped
   std::atomic<bool> accepting_{false};
   WorkerPool workers_;
@@ -432,23 +428,10 @@ Status LocalServer::Core::Bind() {
 void LocalServer::Core::Accept() {
   acceptor_.async_accept([this](const asio::error_code& ec, Socket socket) {
     if (ec == asio::error::operation_aborted || stopping_) return;  // StopAccepting()
-    if (ec) return OnAcceptError(ec);
-    accept_failures_ = 0;
+    if (ec) return accept_pause_.OnFailure(ec, [this] { Accept(); });
+    accept_pause_.OnSuccess();
     OnAccepted(std::move(socket));
     Accept();
-  });
-}
-
-void LocalServer::Core::OnAcceptError(const asio::error_code& ec) {
-  // Out of descriptors or memory: the pending connection stays in the backlog and accept would
-  // fail again at once; pause instead of spinning (and logging) at full speed.
-  if (accept_failures_++ % 100 == 0) {
-    STRAIT_LOG(kWarn, kLog) << "accepting a local connection failed: " << ec.message()
-                            << "; pausing accepts (raise the descriptor limit, LimitNOFILE)";
-  }
-  backoff_.expires_after(kAcceptBackoff);
-  backoff_.async_wait([this](const asio::error_code& wait_ec) {
-    if (!wait_ec && !stopping_) Accept();
   });
 }
 
@@ -521,7 +504,7 @@ void LocalServer::Core::CloseListening() {
   stopping_ = true;
   asio::error_code ignored;
   acceptor_.close(ignored);
-  backoff_.cancel();
+  accept_pause_.Cancel();
   tick_.cancel();
   refused_timer_.cancel();
   refused_.clear();
