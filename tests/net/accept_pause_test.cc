@@ -117,8 +117,6 @@ TEST(AcceptPause, AnAcceptLoopAtTheDescriptorLimitPausesAndRecovers) {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io,
                                    asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  asio::ip::tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());  // waits in the backlog
   AcceptPause pause(io.get_executor(), "a test connection", "test", Fast());
   int accepted = 0;
   int failures = 0;
@@ -133,6 +131,22 @@ TEST(AcceptPause, AnAcceptLoopAtTheDescriptorLimitPausesAndRecovers) {
       ++accepted;
     });
   };
+  // Both handlers run once before the descriptors run out: UBSan's vptr check (the ci preset)
+  // needs a pipe the first time it meets a type, which at the limit it cannot open and then
+  // reports a bogus "invalid vptr"; afterwards its cache answers.
+  asio::ip::tcp::socket first(io);
+  first.connect(acceptor.local_endpoint());
+  accept();
+  bool retried = false;
+  pause.OnFailure(asio::error::no_descriptors, [&] { retried = true; });
+  io.run_for(milliseconds(200));
+  ASSERT_EQ(accepted, 1);
+  ASSERT_TRUE(retried);
+  pause.OnSuccess();
+  ASSERT_EQ(pause.lines_logged(), 1u);
+  io.restart();
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());  // waits in the backlog
 
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
@@ -142,15 +156,15 @@ TEST(AcceptPause, AnAcceptLoopAtTheDescriptorLimitPausesAndRecovers) {
   accept();
   io.run_for(milliseconds(200));
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
-  EXPECT_EQ(accepted, 0);
+  EXPECT_EQ(accepted, 1);
   // 200 ms at a 20 ms pause: about 10 failures; a loop that spins makes thousands.
   EXPECT_GE(failures, 2);
   EXPECT_LE(failures, 15);
-  EXPECT_EQ(pause.lines_logged(), 1u);
+  EXPECT_EQ(pause.lines_logged(), 2u);  // the warm-up's run, then one for this run
 
   io.restart();
   io.run_for(milliseconds(200));
-  EXPECT_EQ(accepted, 1) << "the backlog was not taken once descriptors were free again";
+  EXPECT_EQ(accepted, 2) << "the backlog was not taken once descriptors were free again";
   EXPECT_EQ(pause.failures_in_a_row(), 0u);
 }
 
