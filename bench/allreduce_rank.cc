@@ -37,7 +37,6 @@ double LossyLevels(const std::string& resolved_policy) {
   return 0;
 }
 
-// The value of line "<key> <value>" in straitd's stats text; 0 when absent.
 // --gateway's verdict: one line a person reads, exit 1 when the result is wrong.
 int SmokeReport(const Flags& f, const std::string& policy, const Json& times, const Check& c,
                 const std::string& hash) {
@@ -74,16 +73,9 @@ std::string StatLine(const std::string& stats, const std::string& key) {
   return "";
 }
 
+// The value of line "<key> <value>" in straitd's stats text; 0 when absent.
 uint64_t StatValue(const std::string& stats, const std::string& key) {
-  const std::string needle = key + " ";
-  size_t at = 0;
-  while ((at = stats.find(needle, at)) != std::string::npos) {
-    if (at == 0 || stats[at - 1] == '\n') {
-      return std::strtoull(stats.c_str() + at + needle.size(), nullptr, 10);
-    }
-    at += needle.size();
-  }
-  return 0;
+  return std::strtoull(StatLine(stats, key).c_str(), nullptr, 10);
 }
 
 // Rounds data[0, n) to `dtype` and back to fp32 in place (what a rank sends, as fp32).

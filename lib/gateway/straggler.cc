@@ -21,6 +21,11 @@ int64_t Median(std::vector<int64_t> v) {
 
 }  // namespace
 
+size_t StragglerDetector::SlowOps(const Peer& peer) {
+  return static_cast<size_t>(std::count_if(peer.window.begin(), peer.window.end(),
+                                           [](const Sample& x) { return x.slow; }));
+}
+
 StragglerDetector::StragglerDetector(std::vector<std::string> peers, int self,
                                      StragglerOptions options)
     : names_(std::move(peers)), self_(self), options_(options), peers_(names_.size()) {}
@@ -49,19 +54,13 @@ std::vector<StragglerDetector::Verdict> StragglerDetector::Record(
     const int64_t wait = peer_wait_ns[p];
     const bool slow = wait - reference >= options_.min_excess_ns &&
                       static_cast<double>(wait) >= options_.ratio * static_cast<double>(reference);
-    peer.waits.push_back(wait);
-    peer.references.push_back(reference);
-    peer.slow.push_back(slow);
-    if (peer.waits.size() > options_.window) {
-      peer.waits.pop_front();
-      peer.references.pop_front();
-      peer.slow.pop_front();
-    }
+    peer.window.push_back(Sample{wait, reference, slow});
+    if (peer.window.size() > options_.window) peer.window.pop_front();
     if (!slow && own_reference) {
       peer.calm.push_back(wait);
       if (peer.calm.size() > kCalmSamples) peer.calm.pop_front();
     }
-    const auto slow_ops = static_cast<size_t>(std::count(peer.slow.begin(), peer.slow.end(), true));
+    const size_t slow_ops = SlowOps(peer);
     const bool was = peer.named;
     if (!peer.named && slow_ops >= options_.min_slow) peer.named = true;
     if (peer.named && slow_ops <= options_.clear_at) peer.named = false;
@@ -76,9 +75,14 @@ StragglerDetector::Verdict StragglerDetector::VerdictOf(size_t p) const {
   v.peer = static_cast<int>(p);
   v.name = names_[p];
   v.slow = peer.named;
-  v.wait_ns = Median({peer.waits.begin(), peer.waits.end()});
-  v.others_ns = Median({peer.references.begin(), peer.references.end()});
-  v.slow_ops = static_cast<size_t>(std::count(peer.slow.begin(), peer.slow.end(), true));
+  std::vector<int64_t> waits, references;
+  for (const Sample& x : peer.window) {
+    waits.push_back(x.wait);
+    references.push_back(x.reference);
+  }
+  v.wait_ns = Median(std::move(waits));
+  v.others_ns = Median(std::move(references));
+  v.slow_ops = SlowOps(peer);
   return v;
 }
 

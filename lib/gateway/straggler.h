@@ -55,14 +55,18 @@ class StragglerDetector {
   std::string SlowText() const;
 
  private:
+  struct Sample {
+    int64_t wait = 0;
+    int64_t reference = 0;
+    bool slow = false;
+  };
   struct Peer {
-    std::deque<int64_t> waits;       // the last `window` ops
-    std::deque<int64_t> references;  // the reference of each of those ops
-    std::deque<bool> slow;
-    std::deque<int64_t> calm;        // waits of ops that were not slow (own reference), <= 32
+    std::deque<Sample> window;  // the last `window` ops
+    std::deque<int64_t> calm;   // waits of ops that were not slow (own reference), <= 32
     bool named = false;
   };
   Verdict VerdictOf(size_t p) const;  // mu_ held
+  static size_t SlowOps(const Peer& peer);
 
   const std::vector<std::string> names_;
   const int self_;
