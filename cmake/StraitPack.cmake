@@ -1,7 +1,7 @@
 # Installing the operator's files and packaging: `cmake --install` puts, under the prefix,
 #   bin/straitd, bin/strait-bench, bin/strait-wanem, bin/strait-certs
 #   lib/systemd/system/straitd.service, lib/sysusers.d/straitd.conf
-#   share/strait/straitd.env (the .deb copies it to /etc/default/straitd)
+#   etc/default/straitd (/etc/default/straitd for prefix /usr: a conffile of the .deb)
 #   share/strait/examples/straitd.toml, share/strait/kubernetes/*.yaml
 #   share/strait/prometheus/strait-rules.yml (alerting rules), share/strait/grafana/strait.json
 #   share/man/man1/strait-bench.1.gz, strait-certs.1.gz, share/man/man8/straitd.8.gz,
@@ -28,7 +28,21 @@ install(CODE "
 install(FILES ${STRAIT_UNIT_OUT} DESTINATION lib/systemd/system)
 install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.sysusers DESTINATION lib/sysusers.d
         RENAME straitd.conf)
-install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.env DESTINATION ${CMAKE_INSTALL_DATADIR}/strait)
+# The unit's environment file, /etc/default/straitd: a conffile of the .deb, so that dpkg keeps
+# an operator's edits across upgrades and asks before replacing them (a postinst copy, as
+# before, left it unowned: never updated, never removed on purge). Its directory follows the
+# prefix at install time, as GNUInstallDirs' SYSCONFDIR would: /etc for prefix /usr (CPack
+# installs into <staging>/usr, hence the "/usr/.." rule), <prefix>/etc otherwise.
+install(CODE "
+  if(CMAKE_INSTALL_PREFIX MATCHES \"/usr/?$\")
+    set(strait_etc \"\${CMAKE_INSTALL_PREFIX}/../etc\")
+  else()
+    set(strait_etc \"\${CMAKE_INSTALL_PREFIX}/etc\")
+  endif()
+  cmake_path(NORMAL_PATH strait_etc)
+  file(INSTALL DESTINATION \"\${strait_etc}/default\" TYPE FILE
+       RENAME straitd FILES \"${STRAIT_DEPLOY_DIR}/systemd/straitd.env\")
+")
 install(FILES ${STRAIT_DEPLOY_DIR}/examples/straitd.toml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/examples)
 install(DIRECTORY ${STRAIT_DEPLOY_DIR}/kubernetes/ DESTINATION ${CMAKE_INSTALL_DATADIR}/strait/kubernetes)
@@ -121,6 +135,7 @@ set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${STRAIT_DEPLOY_DIR}/debian/postinst ${STRAIT_DEPLOY_DIR}/debian/prerm
-    ${STRAIT_DEPLOY_DIR}/debian/postrm ${STRAIT_DEPLOY_DIR}/debian/triggers)
+    ${STRAIT_DEPLOY_DIR}/debian/postrm ${STRAIT_DEPLOY_DIR}/debian/triggers
+    ${STRAIT_DEPLOY_DIR}/debian/conffiles)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 include(CPack)

@@ -17,7 +17,7 @@ work=$(realpath "$work")
 # --- cmake --install into a scratch prefix -----------------------------------------------------
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 for f in bin/straitd bin/strait-bench bin/strait-wanem bin/strait-certs include/strait/status.h \
-  lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf share/strait/straitd.env \
+  lib/systemd/system/straitd.service lib/sysusers.d/straitd.conf etc/default/straitd \
   share/strait/examples/straitd.toml share/strait/kubernetes/daemonset.yaml \
   share/strait/prometheus/strait-rules.yml share/strait/grafana/strait.json \
   share/doc/strait/README.md share/doc/strait/copyright share/doc/strait/CONFIG.md \
@@ -59,12 +59,15 @@ grep -qx 'activate-noawait ldconfig' "$work/control/triggers" 2>/dev/null ||
   fail "the .deb has no ldconfig trigger (control file triggers)"
 grep -q '^libstrait 0 strait' "$work/control/shlibs" 2>/dev/null ||
   fail "the .deb has no shlibs entry for libstrait.so.0"
+# dpkg keeps an operator's /etc/default/straitd across upgrades only if it is a conffile.
+grep -qxF /etc/default/straitd "$work/control/conffiles" 2>/dev/null ||
+  fail "the .deb's conffiles do not list /etc/default/straitd"
 
 root=$work/root
 dpkg -x "$deb" "$root"
 for f in usr/bin/straitd usr/bin/strait-bench usr/bin/strait-wanem usr/bin/strait-certs \
   usr/include/strait/status.h usr/lib/systemd/system/straitd.service usr/lib/sysusers.d/straitd.conf \
-  usr/share/strait/straitd.env usr/share/strait/examples/straitd.toml \
+  etc/default/straitd usr/share/strait/examples/straitd.toml \
   usr/lib/python3/dist-packages/strait/__init__.py usr/lib/python3/dist-packages/strait/torch.py \
   usr/share/doc/strait/changelog.gz usr/share/lintian/overrides/strait \
   usr/share/man/man8/straitd.8.gz; do
