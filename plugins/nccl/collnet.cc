@@ -23,13 +23,13 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <random>
 #include <set>
 #include <span>
 #include <utility>
 
 #include "common/clock.h"
 #include "common/endian.h"
+#include "common/random.h"
 #include "localproto/protocol.h"
 #include "plugins/nccl/api.h"
 #include "plugins/nccl/collnet_pipe.h"
@@ -163,15 +163,6 @@ class BusyScope {
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
 };
-
-uint64_t RandomNonce() {
-  static std::mutex mu;
-  static std::mt19937_64* gen = new std::mt19937_64(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  uint64_t v = 0;
-  while (v == 0) v = (*gen)();
-  return v;
-}
 
 // ---- waiting for the loop (listen and connect only) ---------------------------------------------
 
@@ -450,7 +441,7 @@ Status DoListen(int dev, void* handle, void** listen_comm) {
     return DataLossError("straitd at " + cfg.gateway + " reported a region name of " +
                          std::to_string(region.size()) + " bytes");
   }
-  lc->handle.nonce = RandomNonce();
+  lc->handle.nonce = RandomNonzero64();
   lc->handle.shard = shard;
   lc->handle.job_hash = CollNetJobHash(cfg.job_id);
   lc->handle.region = region;

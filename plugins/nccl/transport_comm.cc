@@ -6,9 +6,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include <random>
-
 #include "common/endian.h"
+#include "common/random.h"
 
 namespace strait::nccl {
 
@@ -25,14 +24,7 @@ std::string Describe(const sockaddr_storage& a) {
   return (a.ss_family == AF_INET6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-uint64_t RandomId() {
-  static std::mutex mu;
-  static std::mt19937_64* gen = new std::mt19937_64(std::random_device{}());
-  std::lock_guard<std::mutex> lock(mu);
-  uint64_t v = 0;
-  while (v == 0) v = (*gen)();
-  return v;
-}
+uint64_t RandomId() { return RandomNonzero64(); }
 
 std::string UvError(int rc) {
   return std::string(uv_err_name(rc)) + " (" + uv_strerror(rc) + ")";

@@ -383,6 +383,10 @@ def main():
     check(init is not None and mount_path(init, "strait-lib") == lib_dir and
           "libnccl-net-strait.so" in " ".join(init["command"]),
           "Job has no init container copying libnccl-net-strait.so into the plugin directory")
+    # The plugin finds libuv.so.1 beside itself (RUNPATH $ORIGIN); the training image may lack it.
+    check(init is not None and "libuv.so.1" in " ".join(init["command"]),
+          "Job's init container does not copy libuv.so.1 beside the plugin (its one shared "
+          "dependency besides glibc)")
     check(mount_path(train, "strait-socket") == os.path.dirname(config["local"]["socket"]),
           "Job does not mount the gateway's socket directory")
     jsc = jpod.get("securityContext", {})
