@@ -4,9 +4,7 @@
 // allreduce.shard_weights, which must change how many bytes each region sends); gateways over
 // TLS. Checks the exit status and the --json fields (correctness verdicts included: no wrong
 // element, bit-identical ranks); never a speed.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,38 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/straitd_process.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-};
-
 // Runs strait-bench with `args`, stdout captured (stderr goes to the test's log).
-Result RunBench(const std::vector<std::string>& args) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    std::vector<char*> argv;
-    std::string bin = STRAIT_BENCH_BINARY;
-    argv.push_back(bin.data());
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  Result r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+strait::test::CapturedRun RunBench(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {STRAIT_BENCH_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return strait::test::RunCaptured(argv, /*capture_stderr=*/false);
 }
 
 std::vector<std::string> Common(const std::string& codec) {
@@ -57,8 +32,8 @@ std::vector<std::string> Common(const std::string& codec) {
 TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
   std::vector<std::string> args = Common("int8");
   args.insert(args.end(), {"--baseline", "ring"});
-  const Result r = RunBench(args);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto r = RunBench(args);
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["command"], "allreduce");
@@ -92,8 +67,8 @@ TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
 }
 
 TEST(AllReduceBench, LoopbackZstdMeshIsExactToFp32Rounding) {
-  const Result r = RunBench(Common("zstd"));
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto r = RunBench(Common("zstd"));
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   ASSERT_EQ(j["runs"].size(), 1u);
@@ -116,8 +91,8 @@ TEST(AllReduceBench, LoopbackWeightedBalancedAndEvenShardsForSeveralCodecs) {
   std::vector<std::string> args = Common("int8,ef/zstd");
   args.insert(args.end(), {"--pair", "0:1=rate=200mbit", "--pair", "0:2=rate=100mbit", "--pair",
                            "1:2=rate=50mbit", "--shards", "weighted,even,balanced"});
-  const Result r = RunBench(args);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto r = RunBench(args);
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["links_equal"], false);
@@ -162,8 +137,8 @@ TEST(AllReduceBench, LoopbackWeightedBalancedAndEvenShardsForSeveralCodecs) {
 TEST(AllReduceBench, LoopbackOverTls) {
   std::vector<std::string> args = Common("int8");
   args.insert(args.end(), {"--transport", "tls"});
-  const Result r = RunBench(args);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto r = RunBench(args);
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["transport"], "tls");
@@ -176,11 +151,11 @@ TEST(AllReduceBench, LoopbackOverTls) {
 // object per size in --json, each verified (no wrong element, every region the same bits), in
 // bfloat16 through the gateways' int8 codec (lossy from 4 KiB in the bench's policy).
 TEST(AllReduceBench, SweepGivesOneVerifiedObjectPerSizeInBfloat16) {
-  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+  const auto r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
                              "1", "-b", "4KiB", "-e", "64KiB", "-f", "4", "--iters", "2",
                              "--dtype", "bfloat16", "--codec", "int8", "--straitd",
                              STRAITD_BINARY, "--timeout", "30", "--json"});
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["dtype"], "bfloat16");
@@ -214,11 +189,11 @@ TEST(AllReduceBench, SweepGivesOneVerifiedObjectPerSizeInBfloat16) {
 // columns, result verified), the small-message lines and, with --phases, a phase table per size
 // with a line per gateway.
 TEST(AllReduceBench, SweepTablePrintsOneRowPerSizeAndThePhases) {
-  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+  const auto r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
                              "1", "--minbytes", "4KiB", "--maxbytes", "64KiB", "--stepfactor",
                              "4", "--iters", "1", "--codec", "zstd", "--phases", "--straitd",
                              STRAITD_BINARY, "--timeout", "30"});
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   std::vector<std::string> rows;
   size_t phase_lines = 0, small_lines = 0;
   std::istringstream in(r.out);
@@ -243,11 +218,11 @@ TEST(AllReduceBench, SweepTablePrintsOneRowPerSizeAndThePhases) {
 }
 
 TEST(AllReduceBench, Float16IsCheckedInItsOwnRounding) {
-  const Result r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+  const auto r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
                              "2", "--size", "256KiB", "--iters", "1", "--dtype", "float16",
                              "--codec", "zstd", "--straitd", STRAITD_BINARY, "--timeout", "30",
                              "--json"});
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["type"], "half");
@@ -258,26 +233,26 @@ TEST(AllReduceBench, Float16IsCheckedInItsOwnRounding) {
 }
 
 TEST(AllReduceBench, BadSweepAndDtypeFlagsAreUsageErrors) {
-  EXPECT_EQ(RunBench({"allreduce", "-b", "64KiB", "-e", "4KiB"}).exit_code, 2);  // b > e
-  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "1"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "0"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "-b", "lots", "-e", "64KiB"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "two"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--maxbytes", "12"}).exit_code, 2);  // below 1 KiB
-  EXPECT_EQ(RunBench({"allreduce", "--size", "4KiB", "-b", "4KiB", "-e", "8KiB"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "-b", "1026", "-e", "4KiB"}).exit_code, 2);  // not fp32
-  EXPECT_EQ(RunBench({"allreduce", "--dtype", "int8"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--dtype", "bfloat16", "--baseline", "ring"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--dtype", "float16", "--size", "1027"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "64KiB", "-e", "4KiB"}).code, 2);  // b > e
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "1"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "0"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "lots", "-e", "64KiB"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "4KiB", "-e", "64KiB", "-f", "two"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--maxbytes", "12"}).code, 2);  // below 1 KiB
+  EXPECT_EQ(RunBench({"allreduce", "--size", "4KiB", "-b", "4KiB", "-e", "8KiB"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "-b", "1026", "-e", "4KiB"}).code, 2);  // not fp32
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "int8"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "bfloat16", "--baseline", "ring"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--dtype", "float16", "--size", "1027"}).code, 2);
 }
 
 TEST(AllReduceBench, BadFlagsAreUsageErrors) {
-  EXPECT_EQ(RunBench({"allreduce", "--baseline", "tree"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--regions", "1"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--size", "1026"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--shards", "uneven"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--pair", "0:5=rate=1mbit"}).exit_code, 2);
-  EXPECT_EQ(RunBench({"allreduce", "--transport", "ssl"}).exit_code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--baseline", "tree"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--regions", "1"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--size", "1026"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--shards", "uneven"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--pair", "0:5=rate=1mbit"}).code, 2);
+  EXPECT_EQ(RunBench({"allreduce", "--transport", "ssl"}).code, 2);
 }
 
 }  // namespace

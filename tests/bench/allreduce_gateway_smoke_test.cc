@@ -6,9 +6,7 @@
 // --region-index is a usage error (exit 2) naming the flag.
 //
 // Root only (namespaces, TUN devices): skips with the reason otherwise.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -16,40 +14,17 @@
 #include <vector>
 
 #include "bench/wanem/netns.h"
+#include "tests/common/straitd_process.h"
 #include "tests/gateway/wan_cluster.h"
 
 namespace strait {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-};
-
-Result RunBench(const std::vector<std::string>& args) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    std::vector<char*> argv;
-    std::string bin = STRAIT_BENCH_BINARY;
-    argv.push_back(bin.data());
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  Result r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+// Runs strait-bench with `args`, stdout captured (stderr goes to the test's log).
+strait::test::CapturedRun RunBench(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {STRAIT_BENCH_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return strait::test::RunCaptured(argv, /*capture_stderr=*/false);
 }
 
 class GatewaySmoke : public ::testing::Test {
@@ -70,8 +45,8 @@ class GatewaySmoke : public ::testing::Test {
   }
 
   // One strait-bench per region at once; `index[r]` is the --region-index region r's claims.
-  std::vector<Result> RunEverywhere(const std::string& job, const std::vector<int>& index) {
-    std::vector<Result> results(index.size());
+  std::vector<strait::test::CapturedRun> RunEverywhere(const std::string& job, const std::vector<int>& index) {
+    std::vector<strait::test::CapturedRun> results(index.size());
     std::vector<std::thread> threads;
     for (size_t r = 0; r < index.size(); ++r) {
       threads.emplace_back([&, r] {
@@ -94,9 +69,9 @@ std::string HashOf(const std::string& out) {
 }
 
 TEST_F(GatewaySmoke, EveryRegionReportsOkWithTheSameResult) {
-  const std::vector<Result> r = RunEverywhere("smoke", {0, 1, 2});
+  const std::vector<strait::test::CapturedRun> r = RunEverywhere("smoke", {0, 1, 2});
   for (size_t i = 0; i < r.size(); ++i) {
-    EXPECT_EQ(r[i].exit_code, 0) << "region " << i << ": " << r[i].out;
+    EXPECT_EQ(r[i].code, 0) << "region " << i << ": " << r[i].out;
     EXPECT_NE(r[i].out.find("region " + std::to_string(i) + " shard 0, job smoke"),
               std::string::npos)
         << r[i].out;
@@ -109,17 +84,17 @@ TEST_F(GatewaySmoke, EveryRegionReportsOkWithTheSameResult) {
 
 TEST_F(GatewaySmoke, ARegionWithAnotherRegionsIndexMakesEveryRegionReportWrong) {
   // Region 1 contributes region 0's tensor: the sum is not the reference's anywhere.
-  const std::vector<Result> r = RunEverywhere("misnumbered", {0, 0, 2});
+  const std::vector<strait::test::CapturedRun> r = RunEverywhere("misnumbered", {0, 0, 2});
   for (size_t i = 0; i < r.size(); ++i) {
-    EXPECT_EQ(r[i].exit_code, 1) << "region " << i << ": " << r[i].out;
+    EXPECT_EQ(r[i].code, 1) << "region " << i << ": " << r[i].out;
     EXPECT_NE(r[i].out.find("WRONG: "), std::string::npos) << r[i].out;
     EXPECT_NE(r[i].out.find("its own --region-index"), std::string::npos) << r[i].out;
   }
 }
 
 TEST_F(GatewaySmoke, GatewayWithoutRegionIndexIsAUsageError) {
-  const Result r = RunBench({"allreduce", "--gateway", cluster_->Socket(0, 0)});
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  const auto r = RunBench({"allreduce", "--gateway", cluster_->Socket(0, 0)});
+  EXPECT_EQ(r.code, 2) << r.out;
 }
 
 }  // namespace

@@ -26,7 +26,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +99,44 @@ inline int RunProcess(const std::vector<std::string>& argv, const SpawnOptions& 
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return ExitCodeOf(status);
+}
+
+// What a finished tool printed: its exit code (as RunProcess's) and its stdout and stderr.
+struct CapturedRun {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `argv` to completion with its stdout (and stderr, unless `capture_stderr` is false: it then
+// goes to the test's own log) captured through files in a scratch directory, removed afterwards.
+// Files, not pipes: a tool that writes more than a pipe holds to both streams cannot block.
+// Unlike the rest of this header it may run on several threads at once (each waits for its own
+// child only), as tests that start one tool per region do.
+inline CapturedRun RunCaptured(const std::vector<std::string>& argv, bool capture_stderr = true) {
+  CapturedRun r;
+  char tmpl[] = "/tmp/strait-run-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    ADD_FAILURE() << "RunCaptured: mkdtemp: " << std::strerror(errno);
+    return r;
+  }
+  const std::string dir = tmpl;
+  SpawnOptions options;
+  options.stdout_path = dir + "/out";
+  if (capture_stderr) options.stderr_path = dir + "/err";
+  options.truncate = true;
+  r.code = RunProcess(argv, options);
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    ::unlink(path.c_str());
+    return ss.str();
+  };
+  r.out = slurp(options.stdout_path);
+  if (capture_stderr) r.err = slurp(options.stderr_path);
+  ::rmdir(dir.c_str());
+  return r;
 }
 
 // Whether `pid` has ended, without reaping it (its owner still waits for it as usual).

@@ -22,21 +22,7 @@ namespace {
 
 using strait::net::testing::CertFiles;
 using strait::net::testing::TestPki;
-using strait::test::RunProcess;
-using strait::test::SpawnOptions;
-
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using Result = strait::test::CapturedRun;
 
 class StraitdCheckConfig : public ::testing::Test {
  protected:
@@ -75,17 +61,9 @@ class StraitdCheckConfig : public ::testing::Test {
   }
 
   Result RunStraitd(const std::vector<std::string>& args) {
-    SpawnOptions options;
-    options.stdout_path = dir_ + "/out";
-    options.stderr_path = dir_ + "/err";
-    options.truncate = true;
     std::vector<std::string> argv = {STRAITD_BINARY};
     argv.insert(argv.end(), args.begin(), args.end());
-    Result r;
-    r.code = RunProcess(argv, options);
-    r.out = ReadFile(options.stdout_path);
-    r.err = ReadFile(options.stderr_path);
-    return r;
+    return strait::test::RunCaptured(argv);
   }
   Result Check(const std::string& file) { return RunStraitd({"--check-config", file}); }
 

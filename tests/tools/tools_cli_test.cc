@@ -5,8 +5,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,39 +14,9 @@
 
 namespace {
 
-using strait::test::RunProcess;
-using strait::test::SpawnOptions;
+using Result = strait::test::CapturedRun;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-Result RunTool(const std::vector<std::string>& argv) {
-  char tmpl[] = "/tmp/strait-cli-test-XXXXXX";
-  EXPECT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  SpawnOptions options;
-  options.stdout_path = dir + "/out";
-  options.stderr_path = dir + "/err";
-  options.truncate = true;
-  Result r;
-  r.code = RunProcess(argv, options);
-  r.out = ReadFile(options.stdout_path);
-  r.err = ReadFile(options.stderr_path);
-  ::unlink(options.stdout_path.c_str());
-  ::unlink(options.stderr_path.c_str());
-  ::rmdir(dir.c_str());
-  return r;
-}
+Result RunTool(const std::vector<std::string>& argv) { return strait::test::RunCaptured(argv); }
 
 struct Tool {
   const char* name;
