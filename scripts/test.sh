@@ -6,9 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 start=$(date +%s)
+# Each phase's wall time goes to the end of the log: CI's budget is 25 min on 2 cores.
+phases=()
+lap=$start
+phase() { phases+=("$1 $(( $(date +%s) - lap )) s"); lap=$(date +%s); }
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j"$(nproc)"
+phase "ci build:"
 ctest --preset ci -j"$(nproc)"
+phase "ctest:"
 # The Python package (python/: ctypes wrapper, DDP hook, `strait` backend) against this build's
 # libstrait.so and straitd, with real straitd processes on loopback. The library carries ASan and
 # UBSan, whose runtime must be the first library of the process: preload clang's (python3 itself
@@ -17,6 +23,7 @@ ASAN_RT=$(clang -print-file-name=libclang_rt.asan-x86_64.so)
 STRAIT_LIBRARY=$PWD/build/ci/lib/api/libstrait.so STRAITD=$PWD/build/ci/tools/straitd/straitd \
   LD_PRELOAD=$ASAN_RT ASAN_OPTIONS=detect_leaks=0 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+phase "pytest:"
 # The GPU code (lib/cuda kernels, their tests and benchmark, the NCCL end-to-end program) is not in
 # the ci preset (clang with sanitizers is no host compiler for nvcc). Where nvcc is installed, build
 # it with the `cuda` preset so CI catches code that no longer compiles, and run the `gpu` tests:
@@ -26,7 +33,8 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   cmake --build --preset cuda -j"$(nproc)" --target strait_cuda cuda_kernels_test \
     cuda_kernels_bench strait_nccl_allreduce strait_api nccl_backend_test
   ctest --test-dir build/cuda -L gpu --output-on-failure
+  phase "cuda build and gpu tests:"
 else
   echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"
 fi
-echo "test.sh: build and tests took $(( $(date +%s) - start )) s"
+echo "test.sh: build and tests took $(( $(date +%s) - start )) s ($(IFS=,; echo "${phases[*]}"))"
