@@ -13,6 +13,24 @@ phase() { phases+=("$1 $(( $(date +%s) - lap )) s"); lap=$(date +%s); }
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j"$(nproc)"
 phase "ci build:"
+# The GPU code (lib/cuda kernels, their tests and benchmark, the NCCL end-to-end program) is not in
+# the ci preset (clang with sanitizers is no host compiler for nvcc). Where nvcc is installed, build
+# it with the `cuda` preset so CI catches code that no longer compiles, and run the `gpu` tests
+# below: they skip themselves without a device and run for real on a GPU machine. It builds while
+# the tests run, at the lowest priority: most tests wait on sockets and emulated links, and the
+# compiler takes the idle cores (it used to start after them). Its own process group, so that a
+# failing test run stops all of it.
+cuda_pid=
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+  cmake --preset cuda -DSTRAIT_WERROR=ON >/dev/null
+  setsid nice -n 19 cmake --build --preset cuda -j"$(nproc)" --target strait_cuda cuda_kernels_test \
+    cuda_kernels_bench strait_nccl_allreduce strait_api nccl_backend_test \
+    >build/cuda-build.log 2>&1 &
+  cuda_pid=$!
+  trap '[ -n "$cuda_pid" ] && kill -- -"$cuda_pid" 2>/dev/null; true' EXIT
+else
+  echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"
+fi
 ctest --preset ci -j"$(nproc)"
 phase "ctest:"
 # The Python package (python/: ctypes wrapper, DDP hook, `strait` backend) against this build's
@@ -24,17 +42,15 @@ STRAIT_LIBRARY=$PWD/build/ci/lib/api/libstrait.so STRAITD=$PWD/build/ci/tools/st
   LD_PRELOAD=$ASAN_RT ASAN_OPTIONS=detect_leaks=0 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
 phase "pytest:"
-# The GPU code (lib/cuda kernels, their tests and benchmark, the NCCL end-to-end program) is not in
-# the ci preset (clang with sanitizers is no host compiler for nvcc). Where nvcc is installed, build
-# it with the `cuda` preset so CI catches code that no longer compiles, and run the `gpu` tests:
-# they skip themselves without a device and run for real on a GPU machine.
-if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
-  cmake --preset cuda -DSTRAIT_WERROR=ON >/dev/null
-  cmake --build --preset cuda -j"$(nproc)" --target strait_cuda cuda_kernels_test \
-    cuda_kernels_bench strait_nccl_allreduce strait_api nccl_backend_test
+if [ -n "$cuda_pid" ]; then
+  if ! wait "$cuda_pid"; then
+    cuda_pid=
+    tail -n 60 build/cuda-build.log
+    echo "test.sh: the cuda preset's build failed (whole log: build/cuda-build.log)"
+    exit 1
+  fi
+  cuda_pid=
   ctest --test-dir build/cuda -L gpu --output-on-failure
-  phase "cuda build and gpu tests:"
-else
-  echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"
+  phase "cuda build (rest) and gpu tests:"
 fi
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s ($(IFS=,; echo "${phases[*]}"))"
