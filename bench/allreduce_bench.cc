@@ -84,7 +84,10 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
   // TLS by default where the links are emulated WAN links (what a deployment runs); loopback
   // runs are demos and smoke tests, where plain TCP keeps the CPU for the gateways.
   s.tls = f.transport == "tls" || (f.transport == "auto" && s.emulated);
-  StatusOr<wanem::LinkTable> table = wanem::BuildLinkTable(f.regions, f.link, f.pairs);
+  std::vector<std::string> pairs = f.pairs;
+  // The NAT'd region's firewall: no TCP connection into it completes (its straitds dial).
+  if (f.dial_only >= 0) pairs.push_back("*>" + std::to_string(f.dial_only) + "=syn=drop");
+  StatusOr<wanem::LinkTable> table = wanem::BuildLinkTable(f.regions, f.link, pairs);
   if (!table.ok()) return UsageError(kCommand, "--link/--pair", table.status().message());
   s.table = *std::move(table);
 
@@ -276,6 +279,12 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "none, or ring: an uncompressed flat TCP ring over all ranks on the same links")
       ->check(CLI::IsMember({"none", "ring"}))
       ->capture_default_str();
+  cmd.add_option("--dial-only", f->dial_only,
+                 "Put this region (0 .. regions-1) behind NAT: strait-wanem drops every TCP "
+                 "connection into it (syn=drop) and its straitds are dial-only (wan.dial = "
+                 "\"outbound-only\"), dialling every link; compare with a run without it")
+      ->type_name("REGION")
+      ->check(IntValidator(0, 15));
   cmd.add_flag("--loopback", f->loopback,
                "Everything on 127.0.0.1, no emulation (the default without root)");
   cmd.add_option("--streams", f->streams, "WAN streams per gateway link")
@@ -368,6 +377,15 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
         return kExitUsage;
       }
       sizes = *std::move(swept);
+    }
+    if (f->dial_only >= f->regions) {
+      return UsageError(kCommand, "--dial-only",
+                        "must name a region, 0 .. " + std::to_string(f->regions - 1));
+    }
+    if (f->dial_only >= 0 && f->baseline == "ring") {
+      return UsageError(kCommand, "--baseline",
+                        "the ring baseline's ranks dial into every region, which --dial-only "
+                        "forbids; drop one of them");
     }
     if (f->baseline == "ring" && f->dtype != DataType::kFloat32) {
       return UsageError(kCommand, "--baseline",

@@ -203,6 +203,7 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
            std::to_string(::getuid()) + "]\n";
       t += "[wan]\nlisten = \"" + Addr(s, r) + ":" + std::to_string(port(r, i)) +
            "\"\ntransport = \"" + (s.tls ? "tls" : "plain") + "\"\n";
+      if (r == f.dial_only) t += "dial = \"outbound-only\"\n";
       if (s.tls) {
         const std::string cert = c.dir + "/" + RegionName(r);
         t += "[tls]\nca = \"" + c.dir + "/ca.pem\"\ncert = \"" + cert + ".pem\"\nkey = \"" + cert +
@@ -210,6 +211,10 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
       }
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
+        if (p == f.dial_only) {  // it dials this gateway: no address
+          t += "[peers." + RegionName(p) + "]\ndial = \"outbound-only\"\n";
+          continue;
+        }
         t += "[peers." + RegionName(p) + "]\nshard_" + std::to_string(i) + " = \"" + Addr(s, p) +
              ":" + std::to_string(port(p, i)) + "\"\n";
       }
@@ -322,10 +327,16 @@ double PairFloor(const wanem::LinkTable& t, const std::vector<uint64_t>& weights
 }
 
 bool LinksEqual(const wanem::LinkTable& t) {
-  const std::string first = t.at(0, 1).ToString();
+  // Equal shaping: a one-way firewall (--dial-only's syn=drop) does not change a link's rate.
+  const auto shaping = [&t](int i, int j) {
+    wanem::LinkParams p = t.at(i, j);
+    p.drop_syn = false;
+    return p.ToString();
+  };
+  const std::string first = shaping(0, 1);
   for (int i = 0; i < t.regions; ++i) {
     for (int j = 0; j < t.regions; ++j) {
-      if (i != j && t.at(i, j).ToString() != first) return false;
+      if (i != j && shaping(i, j) != first) return false;
     }
   }
   return true;

@@ -54,6 +54,9 @@ struct Flags {
   std::string codec = "int8";  // a list: one mesh row per codec (and shard mode)
   std::string link = "100mbit,20ms";
   std::vector<std::string> pairs;   // strait-wanem --pair overrides
+  // --dial-only: this region is behind NAT (strait-wanem drops connections into it, `*>R=syn=drop`)
+  // and its straitds are dial-only (wan.dial = "outbound-only"); -1: every region symmetric.
+  int dial_only = -1;
   std::string shards = "weighted";  // a list of "weighted", "balanced", "measured", "even"
   std::string transport = "auto";   // auto (tls when emulated), tls, plain
   int iters = 5;

@@ -138,7 +138,9 @@ std::string FormatTable(const Report& rep) {
   o << "# " << CpuModelName() << ", " << UtcTimestamp() << '\n';
   if (rep.setup.emulated) {
     if (rep.links_equal) {
-      o << "# links: strait-wanem, every pair " << rep.setup.table.at(0, 1).ToString() << '\n';
+      wanem::LinkParams every = rep.setup.table.at(0, 1);
+      every.drop_syn = false;  // --dial-only's firewall has a line of its own
+      o << "# links: strait-wanem, every pair " << every.ToString() << '\n';
     } else {
       o << "# links: strait-wanem, per directed pair:\n";
       for (int i = 0; i < f.regions; ++i) {
@@ -157,6 +159,11 @@ std::string FormatTable(const Report& rep) {
     << (f.adapt_streams ? " at first, adaptive" : ", fixed")
     << ", congestion control " << (f.cc.empty() ? "the system's" : f.cc)
     << "; the ring baseline is plain TCP between the ranks\n";
+  if (f.dial_only >= 0) {
+    o << "# r" << f.dial_only << " is behind NAT (--dial-only): no connection into it "
+      << (rep.setup.emulated ? "completes (strait-wanem syn=drop)" : "is made")
+      << ", its straitds dial every link\n";
+  }
   o << "# sidecar mode: rank i of each region all-reduces its 1/" << f.ranks_per_region
     << " slice through its own straitd (shard i); the straitds of shard i form the mesh. No "
        "NCCL here: the intra-region reduce-scatter/all-gather are not run.\n";
@@ -439,6 +446,7 @@ std::string FormatJson(const Report& rep) {
   j["warmup"] = f.warmup;
   j["emulated"] = rep.setup.emulated;
   j["transport"] = rep.setup.tls ? "tls" : "plain";
+  if (f.dial_only >= 0) j["dial_only_region"] = f.dial_only;
   j["streams"] = f.streams;
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);

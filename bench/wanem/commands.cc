@@ -61,7 +61,8 @@ void AddTopologyFlags(CLI::App* sub, TopologyFlags& f) {
       ->capture_default_str();
   sub->add_option("--pair", f.pairs,
                   "Per-pair override SELECTOR=SPEC, e.g. '0:1=rate=20mbit,delay=80ms' "
-                  "(i:j both directions, i>j one); repeatable");
+                  "(i:j both directions, i>j one, *>j every link into j, i>* out of i; "
+                  "'*>2=syn=drop': region 2 admits no inbound TCP connection); repeatable");
   sub->add_option("--schedule", f.schedule, "Schedule file of timed changes (see bench/README.md)");
   sub->add_option("--mtu", f.mtu, "MTU of the region devices (576-65535)")->capture_default_str();
   sub->add_option("--cc", f.cc, "TCP congestion control in every region: bbr, cubic, reno")
@@ -453,15 +454,16 @@ int CmdSelfcheck(TopologyFlags flags, const SelfcheckFlags& sc) {
     j["flows"] = flows.size();
   }
   const RouterStats st = (*emu)->Stats();
-  uint64_t queue_drops = 0, lost = 0;
+  uint64_t queue_drops = 0, lost = 0, filtered = 0;
   for (int a = 0; a < st.regions; ++a) {
     for (int b = 0; b < st.regions; ++b) {
       queue_drops += st.links[a][b].packets[int(Verdict::kQueueFull)];
       lost += st.links[a][b].packets[int(Verdict::kLost)];
+      filtered += st.links[a][b].packets[int(Verdict::kFiltered)];
     }
   }
   human << "  router: " << st.packets_in << " packets in, " << lost << " lost (model), "
-        << queue_drops << " tail drops, " << st.invalid << " invalid, " << st.write_errors
+        << queue_drops << " tail drops, " << filtered << " SYNs filtered, " << st.invalid << " invalid, " << st.write_errors
         << " write errors, largest packet " << st.max_packet_bytes << " bytes\n";
   j["pass"] = pass;
   j["router_packets_in"] = st.packets_in;

@@ -108,7 +108,7 @@ StatusOr<LinkParams> ParseLinkSpec(std::string_view spec, const LinkParams& star
       return InvalidArgumentError(
           "bad link setting '" + std::string(value) +
           "': expected key=value (rate, delay, jitter, loss, ge, queue, flowrate, flowburst, "
-          "reorder), a rate such as 100mbit, or a delay such as 25ms");
+          "reorder, syn), a rate such as 100mbit, or a delay such as 25ms");
     }
     if (key == "rate") {
       if (value == "unlimited" || value == "0") {
@@ -198,10 +198,20 @@ StatusOr<LinkParams> ParseLinkSpec(std::string_view spec, const LinkParams& star
       auto s = ParseSize(value);
       if (!s.ok()) return Bad(key, value, s.status());
       p.flow_burst_bytes = *s;
+    } else if (key == "syn") {
+      if (value == "drop") {
+        p.drop_syn = true;
+      } else if (value == "pass") {
+        p.drop_syn = false;
+      } else {
+        return InvalidArgumentError("bad syn='" + std::string(value) +
+                                    "': use drop (the destination admits no inbound TCP "
+                                    "connection from the source) or pass");
+      }
     } else {
       return InvalidArgumentError("unknown link setting '" + std::string(key) +
                                   "': expected rate, delay, jitter, reorder, loss, ge, queue, "
-                                  "flowrate or flowburst");
+                                  "flowrate, flowburst or syn");
     }
   }
   return p;
@@ -220,7 +230,21 @@ StatusOr<std::vector<std::pair<int, int>>> ParsePairSelector(std::string_view te
   const size_t sep = text.find_first_of(":>");
   if (sep == std::string_view::npos) {
     return InvalidArgumentError("bad pair '" + std::string(text) +
-                                "': expected i:j (both directions), i>j (one direction) or *");
+                                "': expected i:j (both directions), i>j (one direction), *>j "
+                                "(every link into j), i>* (every link out of i) or *");
+  }
+  // Every link into (or out of) one region: "*>2=syn=drop" puts region 2 behind NAT.
+  if (text[sep] == '>' && (text.substr(0, sep) == "*" || text.substr(sep + 1) == "*")) {
+    const bool into = text.substr(0, sep) == "*";
+    if (into && text.substr(sep + 1) == "*") {
+      return InvalidArgumentError("bad pair '" + std::string(text) + "': use * for every pair");
+    }
+    STRAIT_ASSIGN_OR_RETURN(
+        int k, ParseRegion(into ? text.substr(sep + 1) : text.substr(0, sep), regions, text));
+    for (int i = 0; i < regions; ++i) {
+      if (i != k) out.emplace_back(into ? i : k, into ? k : i);
+    }
+    return out;
   }
   STRAIT_ASSIGN_OR_RETURN(int a, ParseRegion(text.substr(0, sep), regions, text));
   STRAIT_ASSIGN_OR_RETURN(int b, ParseRegion(text.substr(sep + 1), regions, text));

@@ -10,8 +10,12 @@
 //   ge=P:R[:LOSS_BAD[:LOSS_GOOD]]      (Gilbert-Elliott; each a fraction or a percentage)
 //   queue=256KiB | bdp                 (tail-drop limit; default one bandwidth-delay product)
 //   flowrate=50mbit | off  flowburst=64KiB   (per-5-tuple policer)
+//   syn=drop | pass                    (drop: TCP connection attempts over this link are
+//                                       dropped, a one-way firewall; see LinkParams::drop_syn)
 //   base                               (first reset the pair to its base settings)
-// Pair selectors: `i:j` both directions, `i>j` from region i to region j, `*` every pair.
+// Pair selectors: `i:j` both directions, `i>j` from region i to region j, `*>j` every link into
+// region j, `i>*` every link out of region i, `*` every pair. `--pair '*>2=syn=drop'` puts
+// region 2 behind NAT: it admits no inbound TCP connection, its own connections out work.
 //
 // Schedule file: one change per line, `#` starts a comment:
 //   <time since start> <pair selector> <link spec>

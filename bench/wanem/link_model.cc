@@ -60,6 +60,7 @@ std::string LinkParams::ToString() const {
   }
   if (queue_limit_bytes > 0) os << " queue=" << FormatBytes(queue_limit_bytes);
   if (flow_rate_bps > 0) os << " flowrate=" << FormatRate(double(flow_rate_bps));
+  if (drop_syn) os << " syn=drop";
   return os.str();
 }
 
@@ -96,6 +97,16 @@ std::optional<FlowKey> ParseFlowKey(const uint8_t* data, size_t len) noexcept {
     key.dport = static_cast<uint16_t>((data[ihl + 2] << 8) | data[ihl + 3]);
   }
   return key;
+}
+
+bool IsTcpConnectionAttempt(const uint8_t* data, size_t len) noexcept {
+  if (len < 20 || (data[0] >> 4) != 4 || data[9] != 6) return false;
+  const size_t ihl = size_t{data[0] & 0x0fu} * 4;
+  const bool first_fragment = ((data[6] & 0x1fu) | data[7]) == 0;
+  if (ihl < 20 || !first_fragment || len < ihl + 14) return false;
+  const uint8_t flags = data[ihl + 13];
+  constexpr uint8_t kSyn = 0x02, kAck = 0x10;
+  return (flags & kSyn) != 0 && (flags & kAck) == 0;
 }
 
 Link::Link(const LinkParams& params, uint64_t seed) : rng_(seed) { SetParams(params, 0); }
@@ -170,7 +181,11 @@ uint64_t Link::BacklogBytes(int64_t now_ns) const noexcept {
 Verdict Link::Enqueue(int64_t now_ns, std::vector<uint8_t>& data, const FlowKey* key) {
   const size_t size = data.size();
   Verdict verdict = Verdict::kQueued;
-  if (DrawLoss()) {
+  // The firewall comes first and draws no random number, so turning it on leaves the loss
+  // pattern of the other packets as it was.
+  if (params_.drop_syn && IsTcpConnectionAttempt(data.data(), size)) {
+    verdict = Verdict::kFiltered;
+  } else if (DrawLoss()) {
     verdict = Verdict::kLost;
   } else if (params_.flow_rate_bps != 0 && key != nullptr && !Police(now_ns, *key, size)) {
     verdict = Verdict::kPoliced;

@@ -55,6 +55,11 @@ struct LinkParams {
   uint64_t queue_limit_bytes = 0;
   uint64_t flow_rate_bps = 0;    // Per-5-tuple policer rate; 0 disables it.
   uint64_t flow_burst_bytes = 0; // Policer bucket depth; 0 = DefaultFlowBurst.
+  // A one-way firewall (a region behind NAT): TCP SYNs without ACK -- new connections from the
+  // source region into the destination -- are dropped; every other packet, the SYN-ACK of a
+  // connection the destination opened included, passes. Set on every link into a region, it
+  // admits no inbound connection while its own connections out work.
+  bool drop_syn = false;
 
   // "rate=50 Mbit/s delay=25 ms loss=1% ..." for logs and the self-check.
   std::string ToString() const;
@@ -72,8 +77,9 @@ enum class Verdict : int {
   kLost = 1,         // Bernoulli or Gilbert-Elliott loss.
   kPoliced = 2,      // Over the per-flow rate.
   kQueueFull = 3,    // Tail drop.
+  kFiltered = 4,     // A connection attempt refused by drop_syn.
 };
-inline constexpr int kVerdictCount = 4;
+inline constexpr int kVerdictCount = 5;
 
 // The 5-tuple a policer keys on (ports are 0 for protocols without them).
 struct FlowKey {
@@ -89,6 +95,8 @@ struct FlowKeyHash {
 };
 // Extracts the key from an IPv4 packet; nullopt when it is not a well-formed IPv4 header.
 std::optional<FlowKey> ParseFlowKey(const uint8_t* data, size_t len) noexcept;
+// Whether an IPv4 packet opens a TCP connection: SYN set, ACK clear (what drop_syn drops).
+bool IsTcpConnectionAttempt(const uint8_t* data, size_t len) noexcept;
 
 struct LinkStats {
   uint64_t packets[kVerdictCount] = {};

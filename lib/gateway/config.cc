@@ -50,10 +50,12 @@ constexpr std::string_view kKnownKeys[] = {
     "local.allowed_gids",
     "wan.listen",
     "wan.transport",
+    "wan.dial",
     "tls.ca",
     "tls.cert",
     "tls.key",
     "peers.<region>.shard_<index>",
+    "peers.<region>.dial",
     "link.streams",
     "link.adapt_streams",
     "link.congestion_control",
@@ -301,6 +303,26 @@ std::string ResolvePath(const std::string& file, const std::string& path) {
   return file.substr(0, slash + 1) + path;
 }
 
+// wan.dial and peers.<region>.dial: who dials the links of a region ("Dial-only regions" in
+// config.h). Sets *outbound_only; the error names the key and both values.
+constexpr const char* kDialAllowed =
+    "\"outbound-only\" (the region is behind NAT or a firewall that admits no inbound "
+    "connection, and dials every link itself) or \"any\" (the default: it accepts links, and "
+    "the region of lower rank dials)";
+Status ReadDialMode(const Reader& r, const toml::node& n, const std::string& key_path,
+                    bool* outbound_only) {
+  if (!n.is_string()) {
+    return r.Error(n.source(), key_path,
+                   std::string("found ") + TypeName(n.type()) + "; allowed: " + kDialAllowed);
+  }
+  const std::string& v = n.as_string()->get();
+  if (v != "outbound-only" && v != "any") {
+    return r.Error(n.source(), key_path, "found \"" + v + "\"; allowed: " + kDialAllowed);
+  }
+  *outbound_only = v == "outbound-only";
+  return Status::Ok();
+}
+
 Status ReadTopLevel(Reader& top, GatewayConfig* c) {
   STRAIT_RETURN_IF_ERROR(top.ReadString("region", true, &c->region));
   if (!ValidRegionName(c->region)) {
@@ -356,7 +378,10 @@ Status ReadWanAndTls(Reader& top, const std::string& file, GatewayConfig* c) {
     return r.Error(r.Get("transport")->source(), "wan.transport",
                    "found \"" + transport + "\"; allowed: \"tls\" or \"plain\"");
   }
-  STRAIT_RETURN_IF_ERROR(r.CheckNoUnknownKeys({"listen", "transport"}));
+  if (const toml::node* n = r.Get("dial"); n != nullptr) {
+    STRAIT_RETURN_IF_ERROR(ReadDialMode(r, *n, "wan.dial", &c->dial_only));
+  }
+  STRAIT_RETURN_IF_ERROR(r.CheckNoUnknownKeys({"listen", "transport", "dial"}));
 
   const toml::table* tls = nullptr;
   STRAIT_RETURN_IF_ERROR(top.ReadTable("tls", false, &tls));
@@ -440,6 +465,36 @@ Status CheckSameGatewayCount(Reader& peers, const toml::table& table, const Gate
   return Status::Ok();
 }
 
+// peers.<region>.dial. For a peer region: "outbound-only" marks it dial-only, which a gateway
+// that is dial-only itself cannot accept (neither side would take the other's link). For this
+// gateway's own region (a [peers] section shared by every config of a cluster): it must say
+// what wan.dial says, so that the two never disagree.
+Status CheckPeerDial(const Reader& peers, const toml::node& n, const std::string& key_path,
+                     const std::string& region, GatewayConfig* c) {
+  bool outbound_only = false;
+  STRAIT_RETURN_IF_ERROR(ReadDialMode(peers, n, key_path, &outbound_only));
+  const char* own_mode = c->dial_only ? "\"outbound-only\"" : "\"any\"";
+  if (region == c->region) {
+    if (outbound_only == c->dial_only) return Status::Ok();
+    return peers.Error(n.source(), key_path,
+                       "names this gateway's own region, whose dial mode is wan.dial (" +
+                           std::string(own_mode) + " here), and differs from it; allowed: " +
+                           "the same value as wan.dial, or remove it (set wan.dial = "
+                           "\"outbound-only\" if this region is the one behind NAT)");
+  }
+  if (!outbound_only) return Status::Ok();
+  if (c->dial_only) {
+    return peers.Error(n.source(), key_path,
+                       "both sides of the pair are dial-only: region " + region +
+                           " is marked \"outbound-only\" and so is this gateway (wan.dial), so "
+                           "neither would accept the other's link; allowed: remove one of the "
+                           "two: a region behind NAT needs peers that accept inbound links (open "
+                           "or forward the wan.listen port of one side)");
+  }
+  c->dial_only_peers.insert(region);
+  return Status::Ok();
+}
+
 Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
   const toml::table* t = nullptr;
   STRAIT_RETURN_IF_ERROR(top.ReadTable("peers", true, &t));
@@ -462,10 +517,15 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
     for (auto&& [shard_key, addr] : *node.as_table()) {
       const std::string key(shard_key.str());
       const std::string kpath = path + "." + key;
+      if (key == "dial") {
+        STRAIT_RETURN_IF_ERROR(CheckPeerDial(peers, addr, kpath, region, c));
+        continue;
+      }
       const int index = ShardIndexOf(key);
       if (index < 0 || index > 4095) {
         return peers.Error(shard_key.source(), kpath,
-                           "unknown key; allowed: shard_<index> with index in [0, 4095]");
+                           "unknown key; allowed: shard_<index> with index in [0, 4095], or "
+                           "dial");
       }
       if (!addr.is_string()) {
         return peers.Error(addr.source(), kpath,
@@ -480,16 +540,25 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
       shards[index] = *hp;
     }
     if (own) {
-      STRAIT_RETURN_IF_ERROR(CheckRegionGateways(peers, node, path, c));
+      // A shared [peers] section's table for a NAT'd region that runs one gateway holds only
+      // `dial`: no region gateways.
+      if (!shards.empty() || !node.as_table()->contains("dial")) {
+        STRAIT_RETURN_IF_ERROR(CheckRegionGateways(peers, node, path, c));
+      }
       continue;
     }
-    if (shards.count(c->shard_index) == 0) {
+    // A dial-only peer dials this gateway, so it needs no address here.
+    if (shards.count(c->shard_index) == 0 && c->dial_only_peers.count(region) == 0) {
       return peers.Error(node.source(), path + ".shard_" + std::to_string(c->shard_index),
                          "missing: this gateway has shard_index = " +
                              std::to_string(c->shard_index) +
                              " and runs all-reduces with that shard of every peer region; "
                              "allowed: add shard_" + std::to_string(c->shard_index) +
-                             " = \"host:port\"");
+                             " = \"host:port\"" +
+                             (c->dial_only ? std::string()
+                                           : ", or dial = \"outbound-only\" if region " +
+                                                 region + " is behind NAT and dials this "
+                                                 "gateway"));
     }
   }
   if (c->peers.empty()) {
@@ -690,6 +759,12 @@ std::vector<std::string> GatewayConfig::WorldRegions() const {
   return regions;
 }
 
+bool GatewayConfig::Dials(const std::string& peer) const {
+  if (dial_only) return true;
+  if (dial_only_peers.count(peer) != 0) return false;
+  return region < peer;  // the rank rule: ranks are the sorted order of WorldRegions()
+}
+
 int GatewayConfig::RegionSize() const {
   if (region_gateways.empty()) return 1;
   return std::max(shard_index, region_gateways.rbegin()->first) + 1;
@@ -716,6 +791,13 @@ std::string GatewayConfig::Summary() const {
   }
   os << "]";
   if (!region_gateways.empty()) os << ", region gateways " << RegionSize();
+  if (dial_only) os << ", dial-only (dials every peer region)";
+  if (!dial_only_peers.empty()) {
+    os << ", dial-only peers [";
+    size_t i = 0;
+    for (const std::string& r : dial_only_peers) os << (i++ ? ", " : "") << r;
+    os << "]";
+  }
   if (!shard_weights.empty()) {
     os << ", shard weights [";
     const std::vector<uint64_t> w = ShardWeights();

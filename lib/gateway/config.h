@@ -9,12 +9,15 @@
 //   [wan]
 //   listen = "0.0.0.0:7400"       # numeric address:port ("[::]:7400" for IPv6)
 //   transport = "tls"             # or "plain" (no encryption: trusted test networks only)
+//   dial = "any"                  # or "outbound-only": this region is behind NAT (see below)
 //   [tls]                         # required with transport = "tls", refused with "plain"
 //   ca = "ca.pem"                 # relative paths are relative to the config file
 //   cert = "gw.pem"
 //   key = "gw.key"
 //   [peers.eu-west]               # region -> its gateways' WAN addresses by shard index
 //   shard_0 = "10.1.0.7:7400"
+//   [peers.on-prem]               # a region behind NAT: it dials this gateway, so its
+//   dial = "outbound-only"        # addresses may be omitted (see "Dial-only regions" below)
 //   [peers.us-east]               # optional: this region's own gateways (LAN addresses), for
 //   shard_0 = "10.0.0.7:7400"     # region all-reduces (see below); this gateway's own entry
 //   shard_1 = "10.0.0.8:7400"     # may be listed and is not used
@@ -38,6 +41,18 @@
 //   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
 //   shard_weights = { us-east = 100, eu-west = 50, ap-south = 50 }   # optional, see below
 //
+// Dial-only regions. Links between regions are dialled by one side and accepted by the other:
+// by default the region of lower rank (WorldRegions() order) dials. A region behind NAT or a
+// firewall that admits no inbound connection sets wan.dial = "outbound-only" in its gateways'
+// configs, and every other region marks it with peers.<region>.dial = "outbound-only": the
+// dial-only region then dials all its links (to lower and higher ranks), the others only accept
+// them, with the same mutual-TLS identity checks, and after a restart or an ended link it is
+// again the dial-only side that dials a new one. Two dial-only regions cannot reach each other,
+// so a config that is dial-only itself and marks a peer dial-only is refused. Both sides must
+// agree: a region marked dial-only that does not dial (or one that dials unmarked) leaves the
+// pair without a link (the all-reduce names the region it cannot reach). Links among one
+// region's own gateways are not affected.
+//
 // Every problem is reported as ONE error naming the file, the line and column, the key path
 // (e.g. `peers.eu-west.shard_1`), what was found and what is allowed. Unknown keys are errors,
 // so that a typo never silently falls back to a default.
@@ -47,6 +62,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,10 +111,16 @@ struct GatewayConfig {
 
   HostPort wan_listen;
   net::Transport transport = net::Transport::kTls;
+  // wan.dial = "outbound-only": this region admits no inbound connection from other regions
+  // (NAT), so this gateway dials every peer region ("Dial-only regions" above).
+  bool dial_only = false;
   std::string tls_ca, tls_cert, tls_key;  // absolute or relative to the working directory
 
   // region -> (shard index -> address). Never contains this gateway's own region.
+  // A dial-only peer region may have no address (its map is then empty): it is never dialled.
   std::map<std::string, std::map<int, HostPort>> peers;
+  // Peer regions marked peers.<region>.dial = "outbound-only": they dial this gateway.
+  std::set<std::string> dial_only_peers;
   // [peers.<own region>]: the other gateways of this region (shard index -> address), for region
   // all-reduces (the hierarchical all-reduce of gateway/gateway.h: intra-region reduce-scatter,
   // cross-region all-reduce of each gateway's shard, intra-region all-gather). With it, the
@@ -131,6 +153,9 @@ struct GatewayConfig {
   // The gateways this one runs all-reduces with: every region (this one included) in sorted
   // order, the rank of a region being its index. Every region has an address for shard_index.
   std::vector<std::string> WorldRegions() const;
+  // Whether this gateway dials the link to peer region `peer` (else it waits for the peer to
+  // dial it): the dial-only side of a pair dials, otherwise the region of lower rank does.
+  bool Dials(const std::string& peer) const;
   // m, the number of gateways of this region that run region all-reduces together:
   // region_gateways plus this one (1 when none are listed).
   int RegionSize() const;

@@ -154,12 +154,16 @@ Status Gateway::Impl::DialPeer(int p) {
 void Gateway::Impl::RedialEndedLinks() {
   // A dialed link ends for good when its peer stayed unreachable past link.unreachable_after or
   // restarted (the net layer then refuses to resume the old session). The dialing side opens a
-  // new one; accepted links come back when their peer dials again.
+  // new one (config.Dials: the dial-only side of a pair, whatever the ranks); accepted links
+  // come back when their peer dials again.
   std::vector<int> peers, gateways;
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (size_t p = static_cast<size_t>(rank) + 1; p < links.size(); ++p) {
-      if (links[p] != nullptr && links[p]->Estimates().ended) peers.push_back(static_cast<int>(p));
+    for (size_t p = 0; p < links.size(); ++p) {
+      if (static_cast<int>(p) != rank && config.Dials(world[p]) && links[p] != nullptr &&
+          links[p]->Estimates().ended) {
+        peers.push_back(static_cast<int>(p));
+      }
     }
     for (const auto& [index, addr] : config.region_gateways) {
       const auto& link = region_links[static_cast<size_t>(index)];
@@ -279,7 +283,14 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   auto port = g->endpoint->Listen(config.wan_listen.host, config.wan_listen.port);
   if (!port.ok()) return port.status().WithContext("wan.listen " + config.wan_listen.ToString());
   g->wan_port = *port;
-  for (size_t p = static_cast<size_t>(g->rank) + 1; p < g->world.size(); ++p) {
+  // Each pair's link is dialled by one side only (config.h, "Dial-only regions"): the lower
+  // rank, or the side behind NAT.
+  if (config.dial_only) {
+    STRAIT_LOG(kInfo, kLog) << "wan.dial = \"outbound-only\": this region admits no "
+                               "inbound link, so this gateway dials every peer region";
+  }
+  for (size_t p = 0; p < g->world.size(); ++p) {
+    if (static_cast<int>(p) == g->rank || !config.Dials(g->world[p])) continue;
     STRAIT_RETURN_IF_ERROR(g->DialPeer(static_cast<int>(p)));
   }
   for (const auto& [index, addr] : config.region_gateways) {

@@ -206,19 +206,32 @@ struct Gateway::Impl {
   Status WaitForLinks(Deadline deadline) {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      std::string missing;
+      std::string missing, dialled, awaited;
       for (size_t p = 0; p < links.size(); ++p) {
         // A link counts once the peer's hello came over it: numbering needs its incarnation.
         if (static_cast<int>(p) != rank &&
             (links[p] == nullptr || transport->PeerIncarnation(static_cast<int>(p)) == 0)) {
           AppendToList(missing, world[p]);
+          AppendToList(config.Dials(world[p]) ? dialled : awaited, world[p]);
         }
       }
       if (missing.empty()) return Status::Ok();
       if (deadline.Expired() || stopping.load()) {
-        return UnavailableError("no link yet to the gateway(s) of " + missing + " (shard " +
-                                std::to_string(config.shard_index) +
-                                "); check that they run and that peers.* addresses are right");
+        // Which side dials tells the operator where to look (config.h, "Dial-only regions").
+        std::string why = "no link yet to the gateway(s) of " + missing + " (shard " +
+                          std::to_string(config.shard_index) +
+                          "); check that they run and that peers.* addresses are right";
+        if (!dialled.empty()) {
+          why += "; this gateway dials " + dialled +
+                 ": a region that admits no inbound connection (NAT, firewall) must dial "
+                 "instead (wan.dial = \"outbound-only\" there, peers.<region>.dial = "
+                 "\"outbound-only\" here)";
+        }
+        if (!awaited.empty()) {
+          why += "; " + awaited + " dial(s) this gateway: check that they reach wan.listen " +
+                 config.wan_listen.ToString();
+        }
+        return UnavailableError(why);
       }
       links_cv.wait_for(lock, std::chrono::milliseconds(50));
     }
@@ -297,8 +310,8 @@ struct Gateway::Impl {
   HttpResponse Readiness();  // 200, or 503 naming what is missing
   Status StartHttp();
 
-  // Opens the link to peer region `p` (ranked above this one) / to gateway `index` of this
-  // region, replacing an ended one. Does not wait for streams.
+  // Opens the link to peer region `p` (one that config.Dials: ranked above this one, or any
+  // when this region is dial-only) / to gateway `index` of this region, replacing an ended one. Does not wait for streams.
   Status DialPeer(int p);
   Status DialRegionGateway(int index);
   // Called about twice a second on the local server's loop.

@@ -195,10 +195,11 @@ std::string Fingerprint(const GatewayConfig& c) {
   os << "|gids";
   for (uint32_t g : c.allowed_gids) os << " " << g;
   os << "|" << c.wan_listen.ToString() << "|" << static_cast<int>(c.transport) << "|" << c.tls_ca
-     << "|" << c.tls_cert << "|" << c.tls_key << "|peers";
+     << "|" << c.tls_cert << "|" << c.tls_key << "|dial " << c.dial_only << "|peers";
   for (const auto& [region, shards] : c.peers) {
     for (const auto& [i, hp] : shards) os << " " << region << "." << i << "=" << hp.ToString();
   }
+  for (const std::string& region : c.dial_only_peers) os << " " << region << ".dial-only";
   os << "|region";
   for (const auto& [i, hp] : c.region_gateways) os << " " << i << "=" << hp.ToString();
   os << "|link " << c.link.streams << " " << c.link.min_streams << " " << c.link.max_streams << " "
@@ -224,6 +225,7 @@ const std::set<std::string>& FingerprintedKeys() {
                                              "local.allowed_gids",
                                              "wan.listen",
                                              "wan.transport",
+                                             "wan.dial",
                                              "tls.ca",
                                              "tls.cert",
                                              "tls.key",

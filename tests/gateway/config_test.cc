@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <set>
 #include <string>
 
 namespace strait::gateway {
@@ -186,6 +187,40 @@ const BadCase kBadCases[] = {
      "[peers]\nap-south = 3",
      "f.toml:17:12: peers.ap-south: found an integer; allowed: a table of shard_<index>"},
     {"toml syntax", "streams = 8", "streams = = 8", "f.toml:19:11: TOML syntax error"},
+    // Dial-only regions (config.h): the two keys' values, and pairs no side could dial.
+    {"wan dial bad value", "listen = \"0.0.0.0:7400\"",
+     "listen = \"0.0.0.0:7400\"\ndial = \"inbound\"",
+     "f.toml:9:8: wan.dial: found \"inbound\"; allowed: \"outbound-only\" (the region is behind "
+     "NAT"},
+    {"wan dial wrong type", "listen = \"0.0.0.0:7400\"", "listen = \"0.0.0.0:7400\"\ndial = true",
+     "wan.dial: found a boolean; allowed: \"outbound-only\""},
+    {"peer dial bad value", "[peers.eu-west]", "[peers.eu-west]\ndial = \"nat\"",
+     "f.toml:14:8: peers.eu-west.dial: found \"nat\"; allowed: \"outbound-only\""},
+    {"own region dial differs from wan dial", "[peers.ap-south]",
+     "[peers.us-east]\ndial = \"outbound-only\"\nshard_0 = \"10.0.0.1:7400\"\n[peers.ap-south]",
+     "peers.us-east.dial: names this gateway's own region, whose dial mode is wan.dial (\"any\" "
+     "here), and differs from it; allowed: the same value as wan.dial"},
+    {"peer without address and not dial-only", "shard_1 = \"[fd00::7]:7400\"", "",
+     "peers.ap-south.shard_1: missing: this gateway has shard_index = 1 and runs all-reduces "
+     "with that shard of every peer region; allowed: add shard_1 = \"host:port\", or dial = "
+     "\"outbound-only\" if region ap-south is behind NAT and dials this gateway"},
+};
+
+// The bad cases above, in the config of a gateway that is dial-only itself.
+const BadCase kBadDialOnlyCases[] = {
+    {"both sides of a pair dial-only", "[peers.eu-west]",
+     "[peers.eu-west]\ndial = \"outbound-only\"",
+     "f.toml:15:8: peers.eu-west.dial: both sides of the pair are dial-only: region eu-west is "
+     "marked \"outbound-only\" and so is this gateway (wan.dial), so neither would accept the "
+     "other's link; allowed: remove one of the two"},
+    // It dials every peer, so it needs every address; NAT is no way out here.
+    {"dial-only gateway without a peer address", "shard_1 = \"[fd00::7]:7400\"", "",
+     "peers.ap-south.shard_1: missing: this gateway has shard_index = 1 and runs all-reduces "
+     "with that shard of every peer region; allowed: add shard_1 = \"host:port\""},
+    {"own region not dial-only in a dial-only gateway", "[peers.ap-south]",
+     "[peers.us-east]\ndial = \"any\"\nshard_0 = \"10.0.0.1:7400\"\n[peers.ap-south]",
+     "peers.us-east.dial: names this gateway's own region, whose dial mode is wan.dial "
+     "(\"outbound-only\" here), and differs from it"},
 };
 
 class BadConfig : public ::testing::TestWithParam<BadCase> {};
@@ -217,6 +252,103 @@ INSTANTIATE_TEST_SUITE_P(Table, BadConfig, ::testing::ValuesIn(kBadCases),
                            }
                            return n;
                          });
+
+// kGood as the config of a gateway behind NAT (wan.dial = "outbound-only").
+std::string DialOnlyGood() {
+  std::string text = kGood;
+  text.replace(text.find("listen = \"0.0.0.0:7400\""), 23,
+               "listen = \"0.0.0.0:7400\"\ndial = \"outbound-only\"");
+  return text;
+}
+
+class BadDialOnlyConfig : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadDialOnlyConfig, GivesOneClearError) {
+  const BadCase& bad = GetParam();
+  std::string text = DialOnlyGood();
+  const size_t at = text.find(bad.find);
+  ASSERT_NE(at, std::string::npos) << bad.find;
+  text.replace(at, std::string(bad.find).size(), bad.replace);
+  auto c = ParseConfig(text, "f.toml");
+  ASSERT_FALSE(c.ok()) << bad.name;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(bad.expect), std::string::npos)
+      << bad.name << "\n  got:  " << c.status().message() << "\n  want: " << bad.expect;
+  // No hint that would lead to the refused both-sides pair.
+  EXPECT_EQ(c.status().message().find("if region"), std::string::npos) << c.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadDialOnlyConfig, ::testing::ValuesIn(kBadDialOnlyCases),
+                         [](const ::testing::TestParamInfo<BadCase>& param_info) {
+                           std::string n = param_info.param.name;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+// Who dials each link: the rank rule (the lower region name) unless one side is dial-only.
+TEST(GatewayConfig, DialOnlyRegionDialsEveryPeerAndTheOthersWaitForIt) {
+  auto plain = ParseConfig(kGood, "f.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->dial_only);
+  EXPECT_TRUE(plain->dial_only_peers.empty());
+  EXPECT_FALSE(plain->Dials("ap-south"));  // us-east ranks above both peers
+  EXPECT_FALSE(plain->Dials("eu-west"));
+  EXPECT_TRUE(plain->Dials("zz-north"));
+
+  // Behind NAT: it dials both peers although they rank below it.
+  auto nat = ParseConfig(DialOnlyGood(), "f.toml");
+  ASSERT_TRUE(nat.ok()) << nat.status();
+  EXPECT_TRUE(nat->dial_only);
+  EXPECT_TRUE(nat->Dials("ap-south"));
+  EXPECT_TRUE(nat->Dials("eu-west"));
+  EXPECT_NE(nat->Summary().find("dial-only (dials every peer region)"), std::string::npos)
+      << nat->Summary();
+
+  // A gateway of a region that ranks first, with a peer behind NAT: that peer needs no address
+  // (nobody dials it) and this gateway waits for it; the rank rule holds for the other peer.
+  std::string hub = kGood;
+  hub.replace(hub.find("region = \"us-east\""), 18, "region = \"aa-first\"");
+  hub.replace(hub.find("shard_1 = \"[fd00::7]:7400\""), 26, "dial = \"outbound-only\"");
+  auto h = ParseConfig(hub, "f.toml");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->dial_only_peers, (std::set<std::string>{"ap-south"}));
+  EXPECT_TRUE(h->peers.at("ap-south").empty());
+  EXPECT_EQ(h->WorldRegions(), (std::vector<std::string>{"aa-first", "ap-south", "eu-west"}));
+  EXPECT_FALSE(h->Dials("ap-south"));
+  EXPECT_TRUE(h->Dials("eu-west"));
+  EXPECT_NE(h->Summary().find("dial-only peers [ap-south]"), std::string::npos) << h->Summary();
+
+  // "any" is the default spelled out; an address beside "outbound-only" is allowed and unused.
+  std::string spelled = kGood;
+  spelled.replace(spelled.find("[peers.eu-west]"), 15, "[peers.eu-west]\ndial = \"any\"");
+  spelled.replace(spelled.find("[peers.ap-south]"), 16,
+                  "[peers.ap-south]\ndial = \"outbound-only\"");
+  auto s = ParseConfig(spelled, "f.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->dial_only_peers, (std::set<std::string>{"ap-south"}));
+  EXPECT_FALSE(s->Dials("ap-south"));
+
+  // One [peers] section shared by every config of the cluster: the NAT'd region's own table
+  // says what its wan.dial says.
+  std::string shared = DialOnlyGood();
+  shared.replace(shared.find("[peers.ap-south]"), 16,
+                 "[peers.us-east]\ndial = \"outbound-only\"\nshard_0 = \"10.0.0.1:7400\"\n"
+                 "[peers.ap-south]");
+  auto sh = ParseConfig(shared, "f.toml");
+  ASSERT_TRUE(sh.ok()) << sh.status();
+  EXPECT_TRUE(sh->dial_only);
+  EXPECT_EQ(sh->RegionSize(), 2);
+  // ... also when the NAT'd region runs one gateway: its table then holds `dial` alone.
+  std::string alone = DialOnlyGood();
+  alone.replace(alone.find("[peers.ap-south]"), 16,
+                "[peers.us-east]\ndial = \"outbound-only\"\n[peers.ap-south]");
+  auto al = ParseConfig(alone, "f.toml");
+  ASSERT_TRUE(al.ok()) << al.status();
+  EXPECT_TRUE(al->region_gateways.empty());
+  EXPECT_EQ(al->RegionSize(), 1);
+}
 
 TEST(GatewayConfig, MissingFileIsNotFound) {
   auto c = LoadConfig("/nonexistent/straitd.toml");

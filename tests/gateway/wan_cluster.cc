@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +105,11 @@ Status WanCluster::WriteConfig(int region, int index) {
   t += "]\n";
   t += "[wan]\nlisten = \"" + wanem::RegionAddress(region) + ":" + port(index) + "\"\n";
   t += std::string("transport = \"") + (o.tls ? "tls" : "plain") + "\"\n";
+  const auto dial_only = [&o](int r) {
+    return std::find(o.dial_only_regions.begin(), o.dial_only_regions.end(), r) !=
+           o.dial_only_regions.end();
+  };
+  if (dial_only(region)) t += "dial = \"outbound-only\"\n";
   if (o.tls) {
     auto files = pki_->MakeGateway("cluster-ca", RegionName(region),
                                    RegionName(region) + "_" + std::to_string(index));
@@ -114,6 +120,10 @@ Status WanCluster::WriteConfig(int region, int index) {
   for (int p = 0; p < o.regions; ++p) {
     if (p == region && !o.full_mesh) continue;
     t += "[peers." + RegionName(p) + "]\n";
+    if (dial_only(p)) {
+      t += "dial = \"outbound-only\"\n";
+      if (p != region) continue;  // it dials us: no address
+    }
     for (int i = 0; i < o.ranks_per_region; ++i) {
       if (i != index && !o.full_mesh) continue;
       t +=

@@ -51,6 +51,10 @@ struct WanClusterOptions {
   // all-reduce needs: straitds of one region reduce-scatter among themselves); else each lists
   // only the daemons of its own index in the other regions.
   bool full_mesh = false;
+  // Regions configured dial-only (behind NAT): wan.dial = "outbound-only" in their daemons'
+  // configs, and in everyone else's peers.<region>.dial = "outbound-only" with no address (nobody
+  // dials them). The NAT itself is a pair override, e.g. "*>2=syn=drop".
+  std::vector<int> dial_only_regions;
 };
 
 class WanCluster {

@@ -32,6 +32,13 @@ TEST(LinkSpec, AcceptsBareAndKeyedSettings) {
   EXPECT_DOUBLE_EQ(ge->ge.r, 0.3);
   EXPECT_DOUBLE_EQ(ge->ge.loss_bad, 0.8);
   EXPECT_DOUBLE_EQ(ge->ge.loss_good, 0.0);
+  auto firewall = Parse("100mbit syn=drop");
+  ASSERT_TRUE(firewall.ok()) << firewall.status();
+  EXPECT_TRUE(firewall->drop_syn);
+  auto reopened = ParseLinkSpec("syn=pass", *firewall, LinkParams());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_FALSE(reopened->drop_syn);
+  EXPECT_EQ(reopened->rate_bps, 100'000'000u);
   auto unlimited = Parse("rate=unlimited");
   ASSERT_TRUE(unlimited.ok());
   EXPECT_EQ(unlimited->rate_bps, 0u);
@@ -47,7 +54,8 @@ TEST(LinkSpec, EachBadValueGivesOneErrorNamingIt) {
                         Case{"ge=1%", "ge='1%'"}, Case{"ge=1%:0", "ge='1%:0'"},
                         Case{"colour=red", "'colour'"}, Case{"sideways", "'sideways'"},
                         Case{"queue=1", "queue='1'"}, Case{"reorder=maybe", "reorder='maybe'"},
-                        Case{"flowrate=lots", "flowrate='lots'"}}) {
+                        Case{"flowrate=lots", "flowrate='lots'"},
+                        Case{"syn=block", "syn='block'"}}) {
     auto p = Parse(c.spec);
     ASSERT_FALSE(p.ok()) << c.spec;
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << c.spec;
@@ -78,6 +86,15 @@ TEST(PairSelector, ParsesBothDirectionsOneDirectionAndAll) {
   EXPECT_THAT(ParsePairSelector("0:3", 3).status().message(), HasSubstr("'3'"));
   EXPECT_THAT(ParsePairSelector("1:1", 3).status().message(), HasSubstr("itself"));
   EXPECT_THAT(ParsePairSelector("01", 3).status().message(), HasSubstr("'01'"));
+  // Every link into one region (what puts it behind NAT), and every link out of one.
+  auto into = ParsePairSelector("*>1", 3);
+  ASSERT_TRUE(into.ok()) << into.status();
+  EXPECT_EQ(*into, (std::vector<std::pair<int, int>>{{0, 1}, {2, 1}}));
+  auto out = ParsePairSelector("2>*", 3);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, (std::vector<std::pair<int, int>>{{2, 0}, {2, 1}}));
+  EXPECT_THAT(ParsePairSelector("*>3", 3).status().message(), HasSubstr("'3'"));
+  EXPECT_THAT(ParsePairSelector("*>*", 3).status().message(), HasSubstr("use *"));
 }
 
 TEST(LinkTable, AppliesPairOverridesOnTopOfTheLink) {
@@ -88,6 +105,12 @@ TEST(LinkTable, AppliesPairOverridesOnTopOfTheLink) {
   EXPECT_EQ(t->at(0, 2).rate_bps, 100'000'000u);
   EXPECT_DOUBLE_EQ(t->at(2, 0).loss, 0.01);
   EXPECT_DOUBLE_EQ(t->at(0, 2).loss, 0.0);
+  auto nat = BuildLinkTable(3, "100mbit", {"*>2=syn=drop"});
+  ASSERT_TRUE(nat.ok()) << nat.status();
+  EXPECT_TRUE(nat->at(0, 2).drop_syn);
+  EXPECT_TRUE(nat->at(1, 2).drop_syn);
+  EXPECT_FALSE(nat->at(2, 0).drop_syn);
+  EXPECT_FALSE(nat->at(0, 1).drop_syn);
   EXPECT_THAT(BuildLinkTable(1, "1gbit", {}).status().message(), HasSubstr("--regions 1"));
   EXPECT_THAT(BuildLinkTable(2, "1gbit,loss=2", {}).status().message(), HasSubstr("--link"));
   EXPECT_THAT(BuildLinkTable(2, "1gbit", {"0:1"}).status().message(), HasSubstr("--pair '0:1'"));

@@ -1,5 +1,6 @@
 // Unit tests of strait-wanem's link model on a fake clock: serialisation, delay and jitter order,
-// tail drop, Bernoulli and Gilbert-Elliott loss rates, the per-flow policer, parameter changes.
+// tail drop, Bernoulli and Gilbert-Elliott loss rates, the per-flow policer, parameter changes,
+// and the one-way firewall (syn=drop).
 #include "bench/wanem/link_model.h"
 
 #include <gtest/gtest.h>
@@ -235,6 +236,52 @@ TEST(LinkModel, ParsesFlowKeys) {
   EXPECT_FALSE(ParseFlowKey(pkt, sizeof(pkt)).has_value());
   pkt[0] = 0x4f;  // IHL 60 > length.
   EXPECT_FALSE(ParseFlowKey(pkt, sizeof(pkt)).has_value());
+}
+
+// A 40-byte IPv4 + TCP header with the given protocol, TCP flags and fragment offset.
+std::vector<uint8_t> Ipv4Packet(uint8_t proto, uint8_t tcp_flags, uint16_t fragment_offset = 0) {
+  std::vector<uint8_t> p(40, 0);
+  p[0] = 0x45;  // IPv4, 20-byte header
+  p[3] = 40;
+  p[6] = static_cast<uint8_t>(fragment_offset >> 8);
+  p[7] = static_cast<uint8_t>(fragment_offset);
+  p[9] = proto;
+  p[33] = tcp_flags;  // TCP header at 20: flags at offset 13
+  return p;
+}
+
+constexpr uint8_t kSyn = 0x02, kAck = 0x10, kFin = 0x01;
+
+TEST(LinkModel, DropSynRefusesConnectionAttemptsOnly) {
+  EXPECT_TRUE(IsTcpConnectionAttempt(Ipv4Packet(6, kSyn).data(), 40));
+  EXPECT_FALSE(IsTcpConnectionAttempt(Ipv4Packet(6, kSyn | kAck).data(), 40));
+  EXPECT_FALSE(IsTcpConnectionAttempt(Ipv4Packet(6, kAck).data(), 40));
+  EXPECT_FALSE(IsTcpConnectionAttempt(Ipv4Packet(17, kSyn).data(), 40));  // UDP
+  EXPECT_FALSE(IsTcpConnectionAttempt(Ipv4Packet(6, kSyn, 100).data(), 40));  // not the first
+  EXPECT_FALSE(IsTcpConnectionAttempt(Ipv4Packet(6, kSyn).data(), 30));  // truncated
+
+  LinkParams p;
+  p.drop_syn = true;
+  Link firewalled(p, 3);
+  Link open(LinkParams(), 3);
+  struct Offered {
+    uint8_t proto, flags;
+    bool filtered;
+  };
+  const Offered packets[] = {{6, kSyn, true},        {6, kSyn | kAck, false}, {6, kAck, false},
+                             {6, kAck | kFin, false}, {17, kSyn, false},      {6, kSyn, true}};
+  for (const Offered& o : packets) {
+    auto a = Ipv4Packet(o.proto, o.flags);
+    auto b = Ipv4Packet(o.proto, o.flags);
+    EXPECT_EQ(firewalled.Enqueue(0, a, nullptr),
+              o.filtered ? Verdict::kFiltered : Verdict::kQueued)
+        << int(o.proto) << "/" << int(o.flags);
+    EXPECT_EQ(open.Enqueue(0, b, nullptr), Verdict::kQueued);
+  }
+  EXPECT_EQ(firewalled.stats().packets[int(Verdict::kFiltered)], 2u);
+  EXPECT_EQ(firewalled.queued_packets(), 4u);
+  EXPECT_EQ(open.queued_packets(), 6u);
+  EXPECT_NE(p.ToString().find("syn=drop"), std::string::npos) << p.ToString();
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 // Integration tests of strait-wanem with real namespaces, TUN devices and traffic: RTT and TCP
-// goodput against the configuration, UDP loss, a schedule, and teardown after normal exit,
+// goodput against the configuration, UDP loss, a schedule, the one-way firewall (syn=drop: a
+// region behind NAT), and teardown after normal exit,
 // SIGTERM, SIGKILL of the parent and SIGKILL of the tool itself. Root only; each test skips with
 // the reason otherwise. Every wait is bounded.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +17,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -158,6 +165,95 @@ TEST(WanemIntegration, LossyLinkDropsTheConfiguredFraction) {
   const RouterStats st = (*emu)->Stats();
   EXPECT_EQ(st.links[0][1].packets[int(Verdict::kLost)], r->sent - r->received)
       << "every missing datagram is one the model dropped";
+}
+
+// A TCP socket created in namespace `ns` (a socket stays in the namespace it was made in).
+UniqueFd TcpSocketIn(const std::string& ns) {
+  UniqueFd fd;
+  std::thread t([&] {
+    auto guard = NetnsGuard::Enter(ns);
+    if (guard.ok()) fd.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  });
+  t.join();
+  return fd;
+}
+
+sockaddr_in AddressOf(int region, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = RegionAddressBe(region);
+  return a;
+}
+
+// A listener of region `region` on `port`.
+UniqueFd ListenIn(const RegionNamespaces& ns, int region, uint16_t port) {
+  UniqueFd fd = TcpSocketIn(ns[static_cast<size_t>(region)]);
+  const int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const sockaddr_in a = AddressOf(region, port);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(fd.get(), 4) != 0) {
+    return UniqueFd();
+  }
+  return fd;
+}
+
+// Connects from region `from` to region `to`'s `port` within `seconds`: the connected socket,
+// or an invalid one when the handshake did not complete in time.
+UniqueFd ConnectWithin(const RegionNamespaces& ns, int from, int to, uint16_t port,
+                       double seconds) {
+  UniqueFd fd = TcpSocketIn(ns[static_cast<size_t>(from)]);
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+  const sockaddr_in a = AddressOf(to, port);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 &&
+      errno != EINPROGRESS) {
+    return UniqueFd();
+  }
+  pollfd p{fd.get(), POLLOUT, 0};
+  if (::poll(&p, 1, static_cast<int>(seconds * 1000)) != 1) return UniqueFd();
+  int err = 0;
+  socklen_t len = sizeof(err);
+  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) return UniqueFd();
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+// `*>1=syn=drop` puts region 1 behind NAT: a connection into it never completes (its SYNs are
+// dropped, counted as kFiltered), while one it opens to region 0 carries data both ways.
+TEST(WanemIntegration, SynDropAdmitsNoInboundConnectionButConnectionsOutWork) {
+  SKIP_UNLESS_PRIVILEGED();
+  auto emu = Emulator::Start(Options(InstanceName("syn"), "100mbit,5ms", {"*>1=syn=drop"}));
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  const auto ns = (*emu)->Namespaces();
+  constexpr uint16_t kPort = 9300;
+  UniqueFd in0 = ListenIn(ns, 0, kPort);
+  UniqueFd in1 = ListenIn(ns, 1, kPort);
+  ASSERT_TRUE(in0.valid() && in1.valid()) << std::strerror(errno);
+
+  // Into region 1: the listener is there, but the handshake never completes.
+  UniqueFd blocked = ConnectWithin(ns, 0, 1, kPort, 1.5);
+  EXPECT_FALSE(blocked.valid()) << "a TCP connection into the NAT'd region completed";
+  EXPECT_GE((*emu)->Stats().links[0][1].packets[int(Verdict::kFiltered)], 1u);
+
+  // Out of region 1: connects, and data flows both ways over it.
+  UniqueFd out = ConnectWithin(ns, 1, 0, kPort, 5.0);
+  ASSERT_TRUE(out.valid()) << "a TCP connection out of the NAT'd region failed";
+  UniqueFd served(::accept4(in0.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(served.valid()) << std::strerror(errno);
+  char buf[8] = {};
+  ASSERT_EQ(::send(out.get(), "ping", 4, 0), 4);
+  ASSERT_EQ(::recv(served.get(), buf, 4, MSG_WAITALL), 4);
+  EXPECT_EQ(std::string(buf, 4), "ping");
+  ASSERT_EQ(::send(served.get(), "pong", 4, 0), 4);
+  ASSERT_EQ(::recv(out.get(), buf, 4, MSG_WAITALL), 4);
+  EXPECT_EQ(std::string(buf, 4), "pong");
+  // The router publishes its counters every 50 ms: wait for the ones of the exchange above.
+  EXPECT_TRUE(WaitFor([&] { return (*emu)->Stats().links[0][1].delivered_packets > 0; }, 2.0))
+      << "region 0's replies never reached region 1";
+  EXPECT_EQ((*emu)->Stats().links[1][0].packets[int(Verdict::kFiltered)], 0u);
+  ASSERT_TRUE((*emu)->Stop().ok());
 }
 
 TEST(WanemIntegration, ScheduleCutsTheRate) {
