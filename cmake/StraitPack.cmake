@@ -16,23 +16,12 @@ include_guard(GLOBAL)
 
 set(STRAIT_DEPLOY_DIR ${PROJECT_SOURCE_DIR}/deploy)
 
-# The unit names /usr/bin/straitd (right for the .deb); other prefixes get their own path,
-# substituted when the install runs, because CPack installs with its own prefix (/usr).
+# The unit names /usr/bin/straitd and /etc/default/straitd (right for the .deb); other prefixes
+# get their own paths, substituted when the install runs, because CPack installs with its own
+# prefix (/usr). The configuration directory follows the prefix as GNUInstallDirs' SYSCONFDIR
+# would: /etc for a prefix that ends in /usr (/usr/../etc), <prefix>/etc otherwise; the rules
+# below reuse `strait_etc` (install scripts run in one scope, in order).
 set(STRAIT_UNIT_OUT ${PROJECT_BINARY_DIR}/deploy/straitd.service)
-install(CODE "
-  file(READ \"${STRAIT_DEPLOY_DIR}/systemd/straitd.service\" unit)
-  string(REPLACE \"/usr/bin/straitd\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/straitd\"
-         unit \"\${unit}\")
-  file(WRITE \"${STRAIT_UNIT_OUT}\" \"\${unit}\")
-")
-install(FILES ${STRAIT_UNIT_OUT} DESTINATION lib/systemd/system)
-install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.sysusers DESTINATION lib/sysusers.d
-        RENAME straitd.conf)
-# The unit's environment file, /etc/default/straitd: a conffile of the .deb, so that dpkg keeps
-# an operator's edits across upgrades and asks before replacing them (a postinst copy, as
-# before, left it unowned: never updated, never removed on purge). Its directory follows the
-# prefix at install time, as GNUInstallDirs' SYSCONFDIR would: /etc for prefix /usr (CPack
-# installs into <staging>/usr, hence the "/usr/.." rule), <prefix>/etc otherwise.
 install(CODE "
   if(CMAKE_INSTALL_PREFIX MATCHES \"/usr/?$\")
     set(strait_etc \"\${CMAKE_INSTALL_PREFIX}/../etc\")
@@ -40,6 +29,21 @@ install(CODE "
     set(strait_etc \"\${CMAKE_INSTALL_PREFIX}/etc\")
   endif()
   cmake_path(NORMAL_PATH strait_etc)
+  string(REGEX REPLACE \"/$\" \"\" strait_etc \"\${strait_etc}\")
+  file(READ \"${STRAIT_DEPLOY_DIR}/systemd/straitd.service\" unit)
+  string(REPLACE \"/usr/bin/straitd\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/straitd\"
+         unit \"\${unit}\")
+  string(REPLACE \"/etc/default/straitd\" \"\${strait_etc}/default/straitd\" unit \"\${unit}\")
+  file(WRITE \"${STRAIT_UNIT_OUT}\" \"\${unit}\")
+")
+install(FILES ${STRAIT_UNIT_OUT} DESTINATION lib/systemd/system)
+install(FILES ${STRAIT_DEPLOY_DIR}/systemd/straitd.sysusers DESTINATION lib/sysusers.d
+        RENAME straitd.conf)
+# The unit's environment file, /etc/default/straitd: a conffile of the .deb, so that dpkg keeps
+# an operator's edits across upgrades and asks before replacing them (a postinst copy, as
+# before, left it unowned: never updated, never removed on purge; deploy/debian/preinst moves
+# such a copy out of the way). In `strait_etc`/default (the unit's rule above).
+install(CODE "
   file(INSTALL DESTINATION \"\${strait_etc}/default\" TYPE FILE
        RENAME straitd FILES \"${STRAIT_DEPLOY_DIR}/systemd/straitd.env\")
 ")
@@ -134,7 +138,8 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
-    ${STRAIT_DEPLOY_DIR}/debian/postinst ${STRAIT_DEPLOY_DIR}/debian/prerm
+    ${STRAIT_DEPLOY_DIR}/debian/preinst ${STRAIT_DEPLOY_DIR}/debian/postinst
+    ${STRAIT_DEPLOY_DIR}/debian/prerm
     ${STRAIT_DEPLOY_DIR}/debian/postrm ${STRAIT_DEPLOY_DIR}/debian/triggers
     ${STRAIT_DEPLOY_DIR}/debian/conffiles)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)

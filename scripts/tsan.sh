@@ -14,5 +14,10 @@ cmake --build build/tsan -j"$(nproc)"
 # halt_on_error: the first race fails its test (a report must not scroll past as a warning);
 # second_deadlock_stack: lock-order reports name both acquisitions.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
-regex='^(net|collective|gateway|localproto|straitd|plugin|nccl|api|Net|Collective|Gateway|Straitd|Tunnel|Localproto|Plugin|Api)'
+# Test names (gtest suites) of the threaded modules: the net links and listeners, the collective
+# over real transports, the gateway and straitd processes, the plugin and CollNet, library mode.
+regex='^(net|collective|gateway|localproto|straitd|plugin|nccl|api|host_backend|restart_soak|'
+regex+='Net|Collective|Gateway|Straitd|Tunnel|Localproto|Plugin|Api|StraitApi|LiveComm|Link|Tls|'
+regex+='AcceptPause|SocketPair|Http|Mailbox|AllReduce|WorldByCount|Shapes|Hierarchical|'
+regex+='RegionPhases|LocalWorld|CollNet|Killed|Transport|Dial|StreamCountController)'
 ctest --test-dir build/tsan -j"$(nproc)" --output-on-failure -R "$regex" -LE gpu "$@"

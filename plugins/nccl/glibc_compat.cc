@@ -5,12 +5,13 @@
 // older glibc although nothing in it ever draws from std::random_device. This definition, local
 // to the plugin (the version script exports only NCCL's tables), satisfies that reference with
 // getrandom(2) (glibc 2.25) instead. Compiled into libnccl-net-strait.so only.
+#include <stdlib.h>  // arc4random's declaration, which this definition must match
 #include <sys/random.h>
 
 #include <cerrno>
 #include <cstdint>
 
-extern "C" uint32_t arc4random(void) {
+extern "C" uint32_t arc4random(void) noexcept {
   uint32_t v = 0;
   while (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
     if (errno != EINTR) break;  // no getrandom: a value, as arc4random never fails

@@ -35,6 +35,9 @@ plugin=$(find "$work/prefix/lib" -name libnccl-net-strait.so | head -n 1)
 grep -qxF "ExecStart=$work/prefix/bin/straitd --config \${STRAITD_CONFIG} \$STRAITD_OPTS" \
   "$work/prefix/lib/systemd/system/straitd.service" ||
   fail "installed unit's ExecStart does not name $work/prefix/bin/straitd"
+grep -qxF "EnvironmentFile=-$work/prefix/etc/default/straitd" \
+  "$work/prefix/lib/systemd/system/straitd.service" ||
+  fail "installed unit's EnvironmentFile does not name $work/prefix/etc/default/straitd"
 
 # --- the .deb ----------------------------------------------------------------------------------
 (cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/pack" >cpack.log 2>&1) ||
@@ -52,7 +55,7 @@ for d in libc6 libssl3 libzstd1 openssl; do
 done
 mkdir "$work/control"
 dpkg-deb -e "$deb" "$work/control"
-for s in postinst prerm postrm; do
+for s in preinst postinst prerm postrm; do
   [[ -x $work/control/$s ]] || fail "the .deb has no executable $s"
 done
 grep -qx 'activate-noawait ldconfig' "$work/control/triggers" 2>/dev/null ||
@@ -78,6 +81,8 @@ grep -q '^License: Apache-2.0$' "$root/usr/share/doc/strait/copyright" 2>/dev/nu
   fail "the .deb's /usr/share/doc/strait/copyright does not say License: Apache-2.0"
 grep -qxF 'ExecStart=/usr/bin/straitd --config ${STRAITD_CONFIG} $STRAITD_OPTS' \
   "$root/usr/lib/systemd/system/straitd.service" || fail "the .deb's unit does not run /usr/bin/straitd"
+grep -qxF 'EnvironmentFile=-/etc/default/straitd' "$root/usr/lib/systemd/system/straitd.service" ||
+  fail "the .deb's unit does not read /etc/default/straitd"
 plugin=$(find "$root/usr/lib" -name libnccl-net-strait.so | head -n 1)
 if [[ -z $plugin ]]; then
   fail "the .deb lacks libnccl-net-strait.so under /usr/lib"
