@@ -226,6 +226,7 @@ std::string Gateway::Impl::MetricsText() {
     error("identity_mismatch", c.identity_mismatch);
     error("bad_hello", c.bad_magic + c.bad_version + c.bad_hello);
     error("handshake_timeout", c.handshake_timeouts);
+    error("setup_overflow", c.setup_overflows);
   }
   return metrics.Text();
 }

@@ -6,7 +6,10 @@
 // Apart from the links because an endpoint is the one object that owns the I/O thread and
 // outlives none of its links' handles: its shutdown is the place that breaks every
 // StreamConn <-> LinkCore cycle (see link_core.h for the ownership).
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -14,7 +17,10 @@
 #include <asio.hpp>
 #include <asio/ssl.hpp>
 
+#include "common/clock.h"
+#include "common/heap.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "net/endpoint_core.h"
 #include "net/link.h"
 #include "net/link_core.h"
@@ -32,13 +38,79 @@ using asio::ip::tcp;
 // Endpoint shutdown waits this long for close records to go out before dropping the streams.
 constexpr int64_t kShutdownDrainNs = 500'000'000;
 
+// After this many setups the heap is worth handing back once they are over (a handful of redials
+// is not); and how long no stream may be setting up before that counts as over. The release
+// costs milliseconds on the I/O thread, so it waits for a quiet moment rather than running
+// under load.
+constexpr uint64_t kReleaseAfterSetups = 64;
+constexpr int64_t kReleaseSettleNs = 1'000'000'000;
+
+// EndpointOptions::max_pending_streams as it applies to this process: the default filled in,
+// then capped at half the descriptor limit. Without the cap, a flood at the limit took every
+// descriptor for half-open connections, and /healthz waited seconds for one (issue #17).
+size_t PendingStreamLimit(const EndpointOptions& o) {
+  size_t limit = o.max_pending_streams;
+  if (limit == 0) {
+    limit = std::max<size_t>(256, 2 * o.peer_regions.size() *
+                                      static_cast<size_t>(std::max(o.link.max_streams, 1)));
+  }
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    limit = std::min<size_t>(limit, std::max<size_t>(8, files.rlim_cur / 2));
+  }
+  return limit;
+}
+
 }  // namespace
 
 // ---- EndpointCore -----------------------------------------------------------------------------
 
 void EndpointCore::StartAccepting(std::unique_ptr<tcp::acceptor> acceptor) {
   acceptor_ = std::move(acceptor);
+  max_pending_ = PendingStreamLimit(options_);
+  STRAIT_LOG(kDebug, "net") << "at most " << max_pending_
+                            << " accepted streams setting up at once";
   AcceptNext();
+}
+
+void EndpointCore::MakeRoomForSetup() {
+  if (handshaking_.size() < max_pending_) return;
+  // Closed streams wait here for their pending step's handler; only open ones count.
+  size_t open = 0;
+  StreamConn* oldest = nullptr;
+  for (const auto& stream : handshaking_) {
+    if (stream->closed()) continue;
+    ++open;
+    if (oldest == nullptr || stream->accepted_ns < oldest->accepted_ns) oldest = stream.get();
+  }
+  if (open >= max_pending_ && oldest != nullptr) oldest->Evict();
+}
+
+void EndpointCore::EndSetup(const std::shared_ptr<StreamConn>& stream) {
+  handshaking_.erase(stream);
+  if (!handshaking_.empty() || setups_since_release_ < kReleaseAfterSetups || release_armed_ ||
+      shut_down_) {
+    return;
+  }
+  release_armed_ = true;
+  release_timer_.expires_after(std::chrono::nanoseconds(kReleaseSettleNs));
+  release_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    self->release_armed_ = false;
+    if (!ec) self->ReleaseHeapIfQuiet();
+  });
+}
+
+void EndpointCore::ReleaseHeapIfQuiet() {
+  // Still busy: the next EndSetup that empties handshaking_ arms the timer again.
+  if (shut_down_ || !handshaking_.empty()) return;
+  const uint64_t setups = setups_since_release_;
+  setups_since_release_ = 0;
+  Stopwatch took;
+  const bool released = ReleaseFreeHeap();
+  STRAIT_LOG(kDebug, "net") << "after " << setups << " stream setups: "
+                            << (released ? "released free heap to the system"
+                                         : "no free heap to release")
+                            << " in " << FormatDuration(took.ElapsedNanos());
 }
 
 void EndpointCore::AcceptNext() {
@@ -59,7 +131,10 @@ void EndpointCore::AcceptNext() {
       const std::string peer = pec ? std::string("unknown peer")
                                    : remote.address().to_string() + ":" +
                                          std::to_string(remote.port());
+      self->MakeRoomForSetup();
       auto stream = std::make_shared<StreamConn>(std::move(socket), self->tls(), peer);
+      stream->accepted_ns = MonotonicNanos();
+      ++self->setups_since_release_;
       self->SetUpAccepted(std::move(stream));
     }
     self->AcceptNext();
@@ -104,6 +179,7 @@ void EndpointCore::Released(LinkCore* link) {
 void EndpointCore::BeginShutdown() {
   shut_down_ = true;
   accept_pause_.Cancel();
+  release_timer_.cancel();
   if (acceptor_) {
     asio::error_code ec;
     acceptor_->close(ec);

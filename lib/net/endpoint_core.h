@@ -89,6 +89,13 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
  private:
   void AcceptNext();
   void SetUpAccepted(std::shared_ptr<StreamConn> stream);
+  // Before a new stream joins handshaking_: at max_pending_ streams still setting up, the oldest
+  // one is evicted (see EndpointOptions::max_pending_streams).
+  void MakeRoomForSetup();
+  // A stream left setup (refused, answered or admitted). Once a burst of setups is over -- none
+  // left for kReleaseSettleNs -- the heap it grew goes back to the kernel (common/heap.h).
+  void EndSetup(const std::shared_ptr<StreamConn>& stream);
+  void ReleaseHeapIfQuiet();
   void ReadHello(std::shared_ptr<StreamConn> stream, std::string cert_region);
   void Refuse(const std::shared_ptr<StreamConn>& stream, const std::string& why,
               uint64_t EndpointCounters::*counter);
@@ -106,6 +113,12 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<LinkCore>> sessions_;
   std::vector<std::shared_ptr<LinkCore>> links_;
   std::set<std::shared_ptr<StreamConn>> handshaking_;
+  size_t max_pending_ = 256;  // set by StartAccepting (options and descriptor limit)
+  // Streams set up since the heap was last released, and the timer that waits for the quiet
+  // after a burst (EndSetup).
+  uint64_t setups_since_release_ = 0;
+  bool release_armed_ = false;
+  asio::steady_timer release_timer_{io_};
   std::vector<std::shared_ptr<LinkCore>> ended_;    // ended links with streams still up
   std::vector<std::shared_ptr<LinkCore>> closing_;  // links ended by shutdown, still draining
   mutable std::mutex counters_mu_;

@@ -57,6 +57,8 @@ struct EndpointCounters {
   uint64_t unknown_region = 0;          // certificate names a region not in the config
   uint64_t identity_mismatch = 0;       // hello region differs from the certificate's region
   uint64_t handshake_timeouts = 0;      // TCP/TLS/hello not completed within the deadline
+  uint64_t setup_overflows = 0;         // closed while setting up for a newer connection (more
+                                        // than EndpointOptions::max_pending_streams at once)
   uint64_t links_accepted = 0;
   uint64_t unknown_sessions = 0;        // redials of a link this process does not know (it, or
                                         // the dialer's peer, restarted): answered and closed

@@ -117,6 +117,15 @@ struct EndpointOptions {
   // Regions whose gateways may connect to this endpoint's listener (and be dialed).
   std::vector<std::string> peer_regions;
   LinkOptions link;
+  // Accepted streams still setting up (TCP accepted; TLS handshake or hello not done) at most at
+  // once. A connection beyond it closes the oldest one still setting up, so that a flood of
+  // silent or foreign connections costs bounded memory (~100 KiB of TLS buffers each) and
+  // descriptors, and a peer's fresh stream still gets in (the oldest is the one least likely to
+  // finish). 0 = the larger of 256 and twice peer_regions x link.max_streams (every peer
+  // redialling every stream at once still fits). Either way at most half the process's
+  // descriptor limit (RLIMIT_NOFILE), so that links, local clients and the HTTP port keep
+  // descriptors while the WAN port is flooded.
+  size_t max_pending_streams = 0;
 };
 
 // Which option a failed CheckEndpoint is about, so that a caller can name its own config key.

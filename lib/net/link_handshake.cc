@@ -165,11 +165,16 @@ void LinkCore::ScheduleRedial(int slot) {
 void EndpointCore::Refuse(const std::shared_ptr<StreamConn>& stream, const std::string& why,
                           uint64_t EndpointCounters::*counter) {
   if (stream->timed_out()) counter = &EndpointCounters::handshake_timeouts;
+  if (stream->evicted()) counter = &EndpointCounters::setup_overflows;
   Count([counter](EndpointCounters& c) { ++(c.*counter); });
   // A refused peer redials with backoff, from a new port each time: one WARN per source address
   // and reason, then one line per interval with the count (the counters have every refusal).
   const std::string reason =
-      stream->timed_out() ? "timed out during setup (" + why + ")" : why;
+      stream->timed_out() ? "timed out during setup (" + why + ")"
+      : stream->evicted()
+          ? "closed during setup for a newer connection (more than " +
+                std::to_string(max_pending_) + " setting up at once: a flood?)"
+          : why;
   const std::string& peer = stream->peer();
   const std::string host = peer.substr(0, peer.rfind(':'));
   const LogRateLimiter::Decision d = refusal_log_.Admit(host + " " + reason, MonotonicNanos());
@@ -183,7 +188,7 @@ void EndpointCore::Refuse(const std::shared_ptr<StreamConn>& stream, const std::
                                            " more times from " + host + " since the last line)");
   }
   stream->Close();
-  handshaking_.erase(stream);
+  EndSetup(stream);
 }
 
 void EndpointCore::SetUpAccepted(std::shared_ptr<StreamConn> stream) {
@@ -277,8 +282,8 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
         stream->Write(asio::buffer(stream->hello), [self, stream](const asio::error_code&,
                                                                   size_t) {
           stream->DisarmDeadline();
-          self->handshaking_.erase(stream);
           stream->Close();
+          self->EndSetup(stream);
         });
         return;
       } else {
@@ -313,7 +318,7 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
                               &EndpointCounters::bad_hello);
         }
         stream->DisarmDeadline();
-        self->handshaking_.erase(stream);
+        self->EndSetup(stream);
         self->Count([](EndpointCounters& c) { ++c.streams_accepted; });
         if (!link->active()) {
           stream->Close();

@@ -73,6 +73,13 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
     return SetNotSentLowat(fd, options.notsent_lowat);
   }
 
+  // Closes a stream still setting up to make room for a newer one (the pending setup step then
+  // fails and is counted as an overflow, as a timeout is by ArmDeadline).
+  void Evict() {
+    evicted_ = true;
+    Close();
+  }
+
   // Arms the setup deadline: when it fires, the socket closes and pending setup steps fail.
   void ArmDeadline(int64_t nanos) {
     timer_.expires_after(std::chrono::nanoseconds(nanos));
@@ -100,6 +107,7 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
 
   bool closed() const { return closed_; }
   bool timed_out() const { return timed_out_; }
+  bool evicted() const { return evicted_; }
   const std::string& peer() const { return peer_; }
 
   // Link-side state (set when the stream joins a link).
@@ -120,6 +128,7 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
   std::vector<uint8_t> body;
   std::vector<uint8_t> hello;  // the hello being read or written during setup
   int64_t last_rx_ns = 0;
+  int64_t accepted_ns = 0;  // when the acceptor took it (the oldest setting up yields first)
   int64_t last_ping_ns = 0;
   uint64_t final_retrans_ = 0;
 
@@ -130,6 +139,7 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
   std::string peer_;
   bool closed_ = false;
   bool timed_out_ = false;
+  bool evicted_ = false;
 };
 
 }  // namespace strait::net

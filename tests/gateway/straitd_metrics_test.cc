@@ -238,15 +238,19 @@ double CpuSeconds(pid_t pid) {
 // A flood of WAN connections past straitd's descriptor limit: accept fails with EMFILE while
 // the connections wait in the backlog. It used to retry at once -- 84% of a core and 800,000
 // log lines in 8 s; now it pauses 100 ms per failure and logs one line per 100 failures.
+// The limit is 24: straitd keeps at most half its limit for streams still setting up (at 64 a
+// flood no longer reaches the limit at all, see straitd_flood_test.cc), so only a limit its ~17
+// idle descriptors plus those 12 exceed still makes accept fail -- as links, local clients and
+// HTTP probes holding descriptors would.
 TEST_F(StraitdMetrics, AcceptAtTheDescriptorLimitNeitherSpinsNorFloodsTheLog) {
-  Start(0, 64);
+  Start(0, 24);
   ASSERT_TRUE(Eventually([&] { return Get(metrics_ports_[0], "/healthz").status == 200; }, 20));
   std::vector<int> flood;
   for (int i = 0; i < 120; ++i) {
     const int fd = Dial(wan_ports_[0]);
     if (fd >= 0) flood.push_back(fd);
   }
-  ASSERT_GT(flood.size(), 64u) << "the backlog should take more than the limit";
+  ASSERT_GT(flood.size(), 24u) << "the backlog should take more than the limit";
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const double before = CpuSeconds(pids_[0]);
   std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -264,8 +268,7 @@ TEST_F(StraitdMetrics, AcceptAtTheDescriptorLimitNeitherSpinsNorFloodsTheLog) {
   EXPECT_LT(used, 0.5) << "the accept loop spins";
   for (int fd : flood) ::close(fd);
   EXPECT_TRUE(Alive(0));
-  // Not checked here yet: how soon /healthz answers again once the flood is gone (under ASan it
-  // did not within 20 s; issue #17's descriptor-flood goal is open).
+  // /healthz during a flood past the limit: straitd_flood_test.cc.
 }
 
 TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
