@@ -281,12 +281,15 @@ StatusOr<void*> Transport::Connect(int dev, void* handle) {
         // answered (a stuck or foreign process) ends the attempt with an error.
         Reg().connecting.erase(it);
         WriteScratch(handle, 0);
-        Loop().Post([comm] { comm->BeginClose(); });
-        return DeadlineExceededError(
+        // The message first: once posted, the loop may close and free the comm at once (a
+        // use-after-free ThreadSanitizer found here).
+        Status timed_out = DeadlineExceededError(
             "no answer from " + comm->peer() + " within " +
             FormatDuration(config_.connect_timeout_ns) +
             " (STRAIT_CONNECT_TIMEOUT): is the receiving rank alive, and is that address "
             "reachable from here (STRAIT_SOCKET_IFNAME)?");
+        Loop().Post([comm] { comm->BeginClose(); });
+        return timed_out;
       }
       Reg().connecting.erase(it);
       if (state == SendComm::kReady) Reg().comms.insert(static_cast<Comm*>(comm));
