@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "tests/common/free_ports.h"
+#include "tests/common/http_get.h"
 #include "tests/common/straitd_process.h"
 #include "tests/net/test_certs.h"
 
@@ -78,22 +79,7 @@ int Dial(uint16_t port) {
 
 // GET /healthz over a fresh connection: true for a 200 within 5 s.
 bool Healthy(uint16_t port) {
-  const int fd = Dial(port);
-  if (fd < 0) return false;
-  const std::string req = "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n";
-  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[1024];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 20) <= 0) continue;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out.rfind("HTTP/1.1 200", 0) == 0;
+  return strait::test::HttpGetOn(Dial(port), "/healthz", 5).status == 200;
 }
 
 // Resident set of `pid` in KiB (VmRSS), or -1.

@@ -26,6 +26,7 @@
 #include "localproto/client.h"
 #include "tests/net/test_certs.h"
 #include "tests/common/free_ports.h"
+#include "tests/common/http_get.h"
 #include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
@@ -40,10 +41,7 @@ using strait::test::ProcessEnded;
 using strait::test::SpawnOptions;
 using strait::test::SpawnProcess;
 
-struct HttpResult {
-  int status = 0;  // 0: no answer
-  std::string body;
-};
+using strait::test::HttpResult;
 
 // Dials the loopback port; -1 when refused.
 int Dial(uint16_t port) {
@@ -61,27 +59,7 @@ int Dial(uint16_t port) {
 
 // One GET over a fresh connection; every wait bounded.
 HttpResult Get(uint16_t port, const std::string& path) {
-  HttpResult result;
-  const int fd = Dial(port);
-  if (fd < 0) return result;
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: test\r\n\r\n";
-  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[8192];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) <= 0) continue;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (out.rfind("HTTP/1.1 ", 0) != 0) return result;
-  result.status = std::atoi(out.c_str() + 9);
-  const size_t body = out.find("\r\n\r\n");
-  if (body != std::string::npos) result.body = out.substr(body + 4);
-  return result;
+  return strait::test::HttpGetOn(Dial(port), path, 10);
 }
 
 // The value of the sample `series` (name and labels exactly as printed), or nullopt.
