@@ -1,0 +1,108 @@
+// The parsed config's own logic, apart from its loading (config.cc): addresses (HostPort), the
+// world and region sizes it implies, who dials whom, shard weights in world order, and the
+// one-line summary for logs and --check-config.
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gateway/config.h"
+#include "strait/codec.h"
+
+namespace strait::gateway {
+
+std::string HostPort::ToString() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+StatusOr<HostPort> ParseHostPort(std::string_view text) {
+  const std::string allowed =
+      "allowed: \"<numeric IPv4>:<port>\" or \"[<numeric IPv6>]:<port>\", port 1-65535";
+  HostPort hp;
+  std::string_view port;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return InvalidArgumentError(allowed);
+    }
+    hp.host = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos || text.find(':') != colon) {
+      return InvalidArgumentError(allowed);
+    }
+    hp.host = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+  }
+  const bool host_ok = !hp.host.empty() && std::all_of(hp.host.begin(), hp.host.end(), [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == ':' || (c >= 'a' && c <= 'f') ||
+           (c >= 'A' && c <= 'F');
+  });
+  if (!host_ok || port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return InvalidArgumentError(allowed);
+  }
+  const int p = std::stoi(std::string(port));
+  if (p < 1 || p > 65535) return InvalidArgumentError(allowed);
+  hp.port = static_cast<uint16_t>(p);
+  return hp;
+}
+
+std::vector<std::string> GatewayConfig::WorldRegions() const {
+  std::vector<std::string> regions{region};
+  for (const auto& [name, shards] : peers) regions.push_back(name);
+  std::sort(regions.begin(), regions.end());
+  return regions;
+}
+
+bool GatewayConfig::Dials(const std::string& peer) const {
+  if (dial_only) return true;
+  if (dial_only_peers.count(peer) != 0) return false;
+  return region < peer;  // the rank rule: ranks are the sorted order of WorldRegions()
+}
+
+int GatewayConfig::RegionSize() const {
+  if (region_gateways.empty()) return 1;
+  return std::max(shard_index, region_gateways.rbegin()->first) + 1;
+}
+
+std::vector<uint64_t> GatewayConfig::ShardWeights() const {
+  std::vector<uint64_t> weights;
+  if (shard_weights.empty()) return weights;
+  for (const std::string& r : WorldRegions()) weights.push_back(shard_weights.at(r));
+  return weights;
+}
+
+std::string GatewayConfig::Summary() const {
+  std::ostringstream os;
+  os << "region " << region << " shard " << shard_index << ", world [";
+  const auto world = WorldRegions();
+  for (size_t i = 0; i < world.size(); ++i) os << (i ? ", " : "") << world[i];
+  os << "], wan " << wan_listen.ToString() << " ("
+     << (transport == net::Transport::kTls ? "tls" : "plain") << "), socket " << local_socket
+     << ", policy " << policy.default_codec << (policy.default_error_feedback ? "+ef" : "")
+     << " allowed [";
+  for (size_t i = 0; i < policy.allowed_codecs.size(); ++i) {
+    os << (i ? "," : "") << CodecName(policy.allowed_codecs[i]);
+  }
+  os << "]";
+  if (!region_gateways.empty()) os << ", region gateways " << RegionSize();
+  if (dial_only) os << ", dial-only (dials every peer region)";
+  if (!dial_only_peers.empty()) {
+    os << ", dial-only peers [";
+    size_t i = 0;
+    for (const std::string& r : dial_only_peers) os << (i++ ? ", " : "") << r;
+    os << "]";
+  }
+  if (!shard_weights.empty()) {
+    os << ", shard weights [";
+    const std::vector<uint64_t> w = ShardWeights();
+    for (size_t i = 0; i < w.size(); ++i) os << (i ? ", " : "") << w[i];
+    os << "]";
+  }
+  return os.str();
+}
+
+}  // namespace strait::gateway
