@@ -220,7 +220,8 @@ int RunMeshRank(const Flags& f) {
   StatusOr<std::unique_ptr<localproto::Client>> client = UnavailableError("not tried");
   while (!connect_deadline.Expired()) {
     client = localproto::Client::Connect(f.socket, Deadline::AfterSeconds(5),
-                                      "bench-r" + std::to_string(f.rank_region));
+                                      "bench-r" + std::to_string(f.rank_region),
+                                      static_cast<uint32_t>(f.shard_index));
     if (client.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

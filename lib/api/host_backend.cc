@@ -145,7 +145,8 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
   // The gateway first: a rank whose straitd is missing fails at once with that reason.
   auto client = localproto::Client::Connect(
       options.gateway, deadline,
-      "strait-api " + options.region + "/rank" + std::to_string(options.rank));
+      "strait-api " + options.region + "/rank" + std::to_string(options.rank),
+      static_cast<uint32_t>(options.rank));  // rank r all-reduces shard r
   if (!client.ok()) return client.status().WithContext(me + ": gateway " + options.gateway);
   g.client = std::move(client).value();
   auto policy = g.client->RegisterJob(options.job, options.compression, deadline);
@@ -261,7 +262,8 @@ StatusOr<std::vector<uint8_t>> HostComm::RecoverStep(const Status& failure, Dead
   while (!deadline.Expired()) {
     auto client = localproto::Client::Connect(
         options_.gateway, deadline, "strait-api " + options_.region + "/rank" +
-                                        std::to_string(options_.rank) + " (recovery)");
+                                        std::to_string(options_.rank) + " (recovery)",
+        static_cast<uint32_t>(options_.rank));
     if (client.ok()) {
       auto policy = (*client)->RegisterJob(options_.job, options_.compression, deadline);
       if (!policy.ok()) return failure.WithContext(policy.status().ToString());

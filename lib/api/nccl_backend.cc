@@ -325,7 +325,8 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions& opti
   STRAIT_RETURN_IF_ERROR(NcclError(ncclCommCuDevice(impl->nccl, &impl->device), impl->nccl,
                                    "ncclCommCuDevice on nccl_comm"));
   const Deadline deadline = Deadline::After(options.timeout_ns);
-  auto client = localproto::Client::Connect(options.gateway, deadline, "libstrait-nccl");
+  auto client = localproto::Client::Connect(options.gateway, deadline, "libstrait-nccl",
+                                            static_cast<uint32_t>(impl->rank));  // shard = rank
   STRAIT_RETURN_IF_ERROR(
       client.status().WithContext("connecting to the gateway " + options.gateway));
   impl->client = std::move(client).value();

@@ -15,6 +15,14 @@
 //   32..47        the region collective's lanes, on links between a region's gateways
 //   1024..1279    cross-region tunnels, hashed by tunnel id (gateway/tunnel.h)
 //
+// Shard blocks: the table above is shard 0's. A straitd serving several shards (config `shards`)
+// shares one link per peer gateway among them, so shard k uses the same ranges shifted by
+// k x kShardChannelStride (net::Link::WithChannelBase), and the receiving gateway hands a message
+// to shard channel / kShardChannelStride with the channel taken modulo the stride. Every gateway
+// sends its shard's block, one process per shard or not, so the layout of the peer does not
+// matter. (Before multi-shard gateways every shard used block 0: gateways of shard index >= 1
+// must be upgraded in every region together.)
+//
 // ChannelRouter dispatches a received message to the owner of its channel's range (a table, so
 // that adding a range is one line, not another branch of an if-chain). Thread-safe once built:
 // Route() while setting up, Dispatch() from any I/O thread.
@@ -49,6 +57,11 @@ inline constexpr ChannelRange kCollectiveChannels{16, 16};
 inline constexpr ChannelRange kRegionCollectiveChannels{32, 16};
 inline constexpr ChannelRange kTunnelChannels{1024, 256};
 
+// The stride between shards' channel blocks; every range above lies below it.
+inline constexpr uint32_t kShardChannelStride = 1u << 16;
+// The highest shard index a channel block exists for.
+inline constexpr uint32_t kMaxShardIndex = (~0u / kShardChannelStride) - 1;
+
 // The single channels by name.
 inline constexpr uint32_t kPolicyChannel = kPolicyChannels.first;
 inline constexpr uint32_t kGenerationChannel = kGenerationChannels.first;
@@ -74,6 +87,8 @@ constexpr bool NoTwoOverlap(const ChannelRange* ranges, size_t n) {
 }
 static_assert(NoTwoOverlap(kAllChannelRanges, std::size(kAllChannelRanges)),
               "two link channel ranges overlap");
+static_assert(kTunnelChannels.end() <= kShardChannelStride,
+              "every channel range lies within one shard's block");
 static_assert(kRegionCollectiveChannels.count == kCollectiveChannels.count,
               "both collectives cut an op id into the same number of lanes");
 

@@ -45,6 +45,7 @@ const char* TypeName(toml::node_type type) {
 constexpr std::string_view kKnownKeys[] = {
     "region",
     "shard_index",
+    "shards",
     "local.socket",
     "local.allowed_uids",
     "local.allowed_gids",
@@ -323,15 +324,90 @@ Status ReadDialMode(const Reader& r, const toml::node& n, const std::string& key
   return Status::Ok();
 }
 
+// `shards`: an array of distinct indices, or a string range "first-last" (both included).
+constexpr const char* kShardsAllowed =
+    "an array of distinct shard indices in [0, 4095] such as [0, 1, 2, 3], or a range string "
+    "such as \"0-3\"";
+Status ReadShardSet(const Reader& top, const toml::node& n, std::vector<int>* out) {
+  out->clear();
+  if (const toml::array* a = n.as_array(); a != nullptr) {
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = (*a)[i];
+      const std::string path = "shards[" + std::to_string(i) + "]";
+      if (!e.is_integer()) {
+        return top.Error(e.source(), path,
+                         std::string("found ") + TypeName(e.type()) + "; allowed: " +
+                             kShardsAllowed);
+      }
+      const int64_t v = e.as_integer()->get();
+      if (v < 0 || v > kMaxConfigShard) {
+        return top.Error(e.source(), path,
+                         "found " + std::to_string(v) + "; allowed: " + kShardsAllowed);
+      }
+      if (std::find(out->begin(), out->end(), v) != out->end()) {
+        return top.Error(e.source(), path,
+                         "shard " + std::to_string(v) +
+                             " is listed twice; allowed: each shard once (one process serves "
+                             "a shard once)");
+      }
+      out->push_back(static_cast<int>(v));
+    }
+  } else if (const toml::value<std::string>* range = n.as_string(); range != nullptr) {
+    const std::string& text = range->get();
+    const size_t dash = text.find('-');
+    auto number = [](std::string_view digits, int* v) {
+      if (digits.empty() || digits.size() > 4 ||
+          !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        return false;
+      }
+      *v = std::stoi(std::string(digits));
+      return *v <= kMaxConfigShard;
+    };
+    int first = 0, last = 0;
+    if (dash == std::string::npos || !number(std::string_view(text).substr(0, dash), &first) ||
+        !number(std::string_view(text).substr(dash + 1), &last) || last < first) {
+      return top.Error(n.source(), "shards",
+                       "found \"" + text + "\"; allowed: " + kShardsAllowed);
+    }
+    for (int k = first; k <= last; ++k) out->push_back(k);
+  } else {
+    return top.Error(n.source(), "shards",
+                     std::string("found ") + TypeName(n.type()) + "; allowed: " + kShardsAllowed);
+  }
+  if (out->empty()) {
+    return top.Error(n.source(), "shards", std::string("found no shard; allowed: ") + kShardsAllowed);
+  }
+  std::sort(out->begin(), out->end());
+  return Status::Ok();
+}
+
 Status ReadTopLevel(Reader& top, GatewayConfig* c) {
   STRAIT_RETURN_IF_ERROR(top.ReadString("region", true, &c->region));
   if (!ValidRegionName(c->region)) {
     return top.Error(top.Get("region")->source(), "region",
                      "found \"" + c->region + "\"; allowed: " + kRegionAllowed);
   }
-  int64_t shard = 0;
-  STRAIT_RETURN_IF_ERROR(top.ReadInt("shard_index", true, 0, 4095, &shard));
-  c->shard_index = static_cast<int>(shard);
+  const toml::node* index = top.Get("shard_index");
+  const toml::node* set = top.Get("shards");
+  if ((index == nullptr) == (set == nullptr)) {
+    const toml::node* at = index != nullptr ? index : set;
+    const std::string why =
+        at != nullptr ? "both shard_index and shards are given" : "missing shard_index";
+    return at != nullptr
+               ? top.Error(at->source(), "shards", why + "; allowed: exactly one of them")
+               : top.ErrorAtTable(why + "; allowed: shard_index = <0..4095> (this gateway "
+                                        "serves one shard) or shards = [0, 1, ...] / \"0-3\" "
+                                        "(one gateway for the node's shards)");
+  }
+  if (index != nullptr) {
+    int64_t shard = 0;
+    STRAIT_RETURN_IF_ERROR(top.ReadInt("shard_index", true, 0, kMaxConfigShard, &shard));
+    c->shard_index = static_cast<int>(shard);
+    c->shards = {c->shard_index};
+    return Status::Ok();
+  }
+  STRAIT_RETURN_IF_ERROR(ReadShardSet(top, *set, &c->shards));
+  c->shard_index = c->shards.front();
   return Status::Ok();
 }
 
@@ -542,18 +618,26 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
     if (own) {
       // A shared [peers] section's table for a NAT'd region that runs one gateway holds only
       // `dial`: no region gateways.
+      if ((!shards.empty() || !node.as_table()->contains("dial")) && c->shards.size() > 1) {
+        return peers.Error(node.source(), path,
+                           "region all-reduces (the NCCL plugin's CollNet mode) need one "
+                           "gateway process per shard, and this config serves shards " +
+                               ShardListText(c->shards) +
+                               "; allowed: shard_index = <k> in each region gateway's config, "
+                               "or no [" + path + "] table");
+      }
       if (!shards.empty() || !node.as_table()->contains("dial")) {
         STRAIT_RETURN_IF_ERROR(CheckRegionGateways(peers, node, path, c));
       }
       continue;
     }
     // A dial-only peer dials this gateway, so it needs no address here.
-    if (shards.count(c->shard_index) == 0 && c->dial_only_peers.count(region) == 0) {
-      return peers.Error(node.source(), path + ".shard_" + std::to_string(c->shard_index),
-                         "missing: this gateway has shard_index = " +
-                             std::to_string(c->shard_index) +
-                             " and runs all-reduces with that shard of every peer region; "
-                             "allowed: add shard_" + std::to_string(c->shard_index) +
+    for (const int k : c->shards) {
+      if (shards.count(k) != 0 || c->dial_only_peers.count(region) != 0) continue;
+      return peers.Error(node.source(), path + ".shard_" + std::to_string(k),
+                         "missing: this gateway serves shard " + std::to_string(k) +
+                             " and runs its all-reduces with that shard of every peer region; "
+                             "allowed: add shard_" + std::to_string(k) +
                              " = \"host:port\"" +
                              (c->dial_only ? std::string()
                                            : ", or dial = \"outbound-only\" if region " +
@@ -734,7 +818,8 @@ StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& fi
   STRAIT_RETURN_IF_ERROR(ReadPolicy(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadAllReduce(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadMetrics(top, file, &c));
-  STRAIT_RETURN_IF_ERROR(top.CheckNoUnknownKeys({"region", "shard_index", "local", "wan", "tls",
+  STRAIT_RETURN_IF_ERROR(top.CheckNoUnknownKeys({"region", "shard_index", "shards", "local",
+                                                 "wan", "tls",
                                                  "peers", "link", "policy", "allreduce",
                                                  "metrics"}));
   return c;

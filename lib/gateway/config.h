@@ -2,6 +2,8 @@
 //
 //   region = "us-east"            # this gateway's region (matches its certificate under TLS)
 //   shard_index = 0               # which gateway of the region this is; peers use the same index
+//   # shards = [0, 1, 2, 3]       # instead of shard_index: one gateway for several shards
+//                                 # (or "0-3"); see "Multi-shard gateways" below
 //   [local]                       # the Unix-domain socket the ranks on this node talk to
 //   socket = "/run/strait/straitd.sock"
 //   allowed_uids = [1000]         # peer credentials (SO_PEERCRED) accepted: uid OR gid listed
@@ -53,6 +55,18 @@
 // pair without a link (the all-reduce names the region it cannot reach). Links among one
 // region's own gateways are not affected.
 //
+// Multi-shard gateways. A node with several ranks runs one straitd for all of them: `shards`
+// lists the shard indices it serves (each rank names its shard when it connects: libstrait's
+// rank r within its region is shard r). The process runs each shard as before -- the mesh with
+// that shard of every other region, its jobs, generations and policies -- behind one local
+// socket, one WAN port and one endpoint, and shards whose peer addresses are the same
+// (peers.<region>.shard_<k>) share one link to that peer gateway, each on its own block of link
+// channels (collective/channels.h). Peers may run one process per shard or any grouping. Each
+// served shard needs its address in every peer region that is not dial-only. Region all-reduces
+// ([peers.<own region>]) need one process per shard and are refused with `shards`. Two straitd
+// processes on one node serving the same shard (with sockets in the same directory) are refused
+// when the second starts or checks its config: each shard holds a lock file beside the socket.
+//
 // Every problem is reported as ONE error naming the file, the line and column, the key path
 // (e.g. `peers.eu-west.shard_1`), what was found and what is allowed. Unknown keys are errors,
 // so that a typo never silently falls back to a default.
@@ -100,10 +114,16 @@ struct PolicyLimits {
 // Mbit/s: int8 1.11 s against 1.22, zstd 3.81 against 3.96; unequal links: 1.28 s against 1.63).
 inline constexpr int kDefaultLinkStreams = 1;
 
+// The highest shard index a config may name.
+inline constexpr int kMaxConfigShard = 4095;
+
 struct GatewayConfig {
   std::string file;  // where it was loaded from (for messages)
   std::string region;
+  // The shards this gateway serves, ascending (`shards`, or {shard_index}); shard_index is the
+  // first. A single-shard config (and each shard's own config, ForShard) has exactly one.
   int shard_index = 0;
+  std::vector<int> shards = {0};
 
   std::string local_socket;
   std::vector<uint32_t> allowed_uids;
@@ -163,7 +183,13 @@ struct GatewayConfig {
   std::vector<uint64_t> ShardWeights() const;
   // One line for logs and --check-config: region, shard, world, transport, socket, policy.
   std::string Summary() const;
+  // This config as the gateway of shard `k` alone (one of `shards`): what each shard of a
+  // multi-shard gateway runs with.
+  GatewayConfig ForShard(int k) const;
 };
+
+// "3", "0-3" or "0, 2, 5": a sorted shard list as configs and messages write it.
+std::string ShardListText(const std::vector<int>& shards);
 
 // Parses and validates `text` as if read from `file` (relative TLS paths resolve against the
 // file's directory). Errors are kInvalidArgument, formatted

@@ -30,6 +30,11 @@ net::EndpointOptions EndpointOptionsOf(const GatewayConfig& config);
 // reads files, does not touch the network.
 Status CheckConfigEnvironment(const GatewayConfig& config, std::vector<std::string>* warnings);
 
+// kFailedPrecondition when another straitd on this node already serves one of config.shards
+// (it holds that shard's lock file beside local.socket; see "Multi-shard gateways" in
+// config.h), naming the shard, its pid and the fix. Takes and releases the locks; host.cc.
+Status CheckShardLocks(const GatewayConfig& config);
+
 }  // namespace strait::gateway
 
 #endif  // STRAIT_LIB_GATEWAY_CONFIG_CHECK_H_

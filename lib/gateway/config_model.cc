@@ -52,7 +52,7 @@ StatusOr<HostPort> ParseHostPort(std::string_view text) {
 
 std::vector<std::string> GatewayConfig::WorldRegions() const {
   std::vector<std::string> regions{region};
-  for (const auto& [name, shards] : peers) regions.push_back(name);
+  for (const auto& [name, addresses] : peers) regions.push_back(name);
   std::sort(regions.begin(), regions.end());
   return regions;
 }
@@ -77,7 +77,8 @@ std::vector<uint64_t> GatewayConfig::ShardWeights() const {
 
 std::string GatewayConfig::Summary() const {
   std::ostringstream os;
-  os << "region " << region << " shard " << shard_index << ", world [";
+  os << "region " << region << (shards.size() > 1 ? " shards " : " shard ")
+     << ShardListText(shards) << ", world [";
   const auto world = WorldRegions();
   for (size_t i = 0; i < world.size(); ++i) os << (i ? ", " : "") << world[i];
   os << "], wan " << wan_listen.ToString() << " ("
@@ -103,6 +104,24 @@ std::string GatewayConfig::Summary() const {
     os << "]";
   }
   return os.str();
+}
+
+GatewayConfig GatewayConfig::ForShard(int k) const {
+  GatewayConfig c = *this;
+  c.shard_index = k;
+  c.shards = {k};
+  return c;
+}
+
+std::string ShardListText(const std::vector<int>& shards) {
+  if (shards.empty()) return "none";
+  bool contiguous = true;
+  for (size_t i = 1; i < shards.size(); ++i) contiguous &= shards[i] == shards[i - 1] + 1;
+  if (shards.size() == 1) return std::to_string(shards[0]);
+  if (contiguous) return std::to_string(shards.front()) + "-" + std::to_string(shards.back());
+  std::string text;
+  for (const int k : shards) text += (text.empty() ? "" : ", ") + std::to_string(k);
+  return text;
 }
 
 }  // namespace strait::gateway

@@ -41,24 +41,6 @@ Message Refused(MessageType to, const Status& status) {
   return m;
 }
 
-Status Gateway::Impl::ServeSocket() {
-  LocalServerOptions options;
-  options.path = config.local_socket;
-  options.allowed_uids = config.allowed_uids;
-  options.allowed_gids = config.allowed_gids;
-  LocalServerHooks hooks;
-  hooks.may_block = &Impl::MayBlock;
-  hooks.handle = [this](Message& request) { return Handle(request); };
-  hooks.serve_tunnel = [this](int fd, const Message& request) { tunnels->Serve(fd, request); };
-  hooks.attach = [this](asio::io_context& loop) { tunnels->Start(loop); };
-  hooks.tick = [this] { RedialEndedLinks(); };
-  auto server = LocalServer::Start(std::move(options), std::move(hooks),
-                                   {&connections, &refused_connections, &bad_requests});
-  if (!server.ok()) return server.status();
-  local = std::move(server).value();
-  return Status::Ok();
-}
-
 bool Gateway::Impl::MayBlock(MessageType type) {
   // Hello, job registration and stats only take short locks; everything else may wait for the
   // other regions (all-reduce, join, fetch) and so leaves the loop.
@@ -135,14 +117,36 @@ Message Gateway::Impl::HandleRegister(Message& request) {
   return m;
 }
 
+net::MessageCallback Gateway::Impl::DialledReceiver(int p) {
+  return transport->ReceiverFor(p, [this, p](uint32_t ch, std::vector<uint8_t> m) {
+    OnOtherChannel(p, ch, std::move(m));
+  });
+}
+
+net::MessageCallback Gateway::Impl::AcceptedReceiver(const std::shared_ptr<net::Link>& link) {
+  const int peer = RankOf(link->peer_region());
+  const uint32_t base =
+      static_cast<uint32_t>(config.shard_index) * collective::kShardChannelStride;
+  // The new link replaces the one in use only once a message arrived over it (a dialing
+  // gateway greets at once): an admitted peer whose fresh connections fail right after the
+  // handshake must not take down the link that works (it did: /readyz went "not ready" and
+  // the next all-reduce timed out). Weak: the link's own callback must not keep it alive.
+  auto receiver = DialledReceiver(peer);
+  auto adopted = std::make_shared<std::atomic<bool>>(false);
+  std::weak_ptr<net::Link> weak = link;
+  return net::MessageCallback([this, peer, base, adopted, weak, receiver = std::move(receiver)](
+                                  uint32_t ch, std::vector<uint8_t> m) {
+    if (!adopted->exchange(true)) {
+      if (std::shared_ptr<net::Link> l = weak.lock()) KeepLink(peer, l->WithChannelBase(base));
+    }
+    receiver(ch, std::move(m));
+  });
+}
+
 Status Gateway::Impl::DialPeer(int p) {
   const std::string& region = world[static_cast<size_t>(p)];
   const HostPort& addr = config.peers.at(region).at(config.shard_index);
-  auto link = endpoint->Connect(
-      region, addr.host, addr.port,
-      transport->ReceiverFor(p, [this, p](uint32_t ch, std::vector<uint8_t> m) {
-        OnOtherChannel(p, ch, std::move(m));
-      }));
+  auto link = host->Dial(region, addr, config.shard_index);
   if (!link.ok()) {
     return link.status().WithContext("peers." + region + ".shard_" +
                                      std::to_string(config.shard_index));
@@ -186,14 +190,11 @@ void Gateway::Impl::RedialEndedLinks() {
   }
 }
 
-Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-Gateway::~Gateway() { Shutdown(Deadline::After(impl_->config.shutdown_grace_ns)); }
-
-StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
-  auto impl = std::make_unique<Impl>();
-  Impl* g = impl.get();
-  g->config = config;
+void Gateway::Impl::Init(const GatewayConfig& shard_config, Host* shared,
+                         const std::vector<net::CodecProfile>& profiles) {
+  Impl* g = this;
+  g->config = shard_config;
+  g->host = shared;
   g->world = config.WorldRegions();
   g->rank = g->RankOf(config.region);
   g->links.resize(g->world.size());
@@ -233,140 +234,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   g->peer_control.weights_agreement =
       std::make_unique<WeightsAgreement>(g->rank, static_cast<int>(g->world.size()));
   g->RouteChannels();  // before any link: every message finds its owner
-  g->peer_control.codec_profiles = net::MeasureCodecProfiles();
-  for (const net::CodecProfile& cp : g->peer_control.codec_profiles) {
-    STRAIT_LOG(kInfo, kLog) << "codec " << CodecName(cp.codec) << ": encode "
-                            << cp.encode_bytes_per_s / 1e6 << " MB/s, decode "
-                            << cp.decode_bytes_per_s / 1e6 << " MB/s, ratio " << cp.ratio
-                            << " (measured for policy auto)";
-  }
-
-  // The same options `straitd --check-config` checks (config_check.h).
-  const net::EndpointOptions o = EndpointOptionsOf(config);
-  auto endpoint = net::Endpoint::Create(o, [g](std::shared_ptr<net::Link> link) {
-    if (link->peer_region() == g->config.region) {
-      STRAIT_LOG(kInfo, kLog) << "accepted link from a gateway of this region";
-      return g->RegionReceiver();
-    }
-    const int peer = g->RankOf(link->peer_region());
-    STRAIT_LOG(kInfo, kLog) << "accepted link from " << link->peer_region();
-    // The new link replaces the one in use only once a message arrived over it (a dialing
-    // gateway greets at once): an admitted peer whose fresh connections fail right after the
-    // handshake must not take down the link that works (it did: /readyz went "not ready" and
-    // the next all-reduce timed out).
-    auto receiver = g->transport->ReceiverFor(peer, [g, peer](uint32_t ch, std::vector<uint8_t> m) {
-      g->OnOtherChannel(peer, ch, std::move(m));
-    });
-    auto adopted = std::make_shared<std::atomic<bool>>(false);
-    std::weak_ptr<net::Link> weak = link;
-    {
-      std::lock_guard<std::mutex> lock(g->mu);
-      g->pending_links[peer] = link;
-    }
-    return net::MessageCallback([g, peer, adopted, weak, receiver = std::move(receiver)](
-                                    uint32_t ch, std::vector<uint8_t> m) {
-      if (!adopted->exchange(true)) {
-        if (std::shared_ptr<net::Link> l = weak.lock()) {
-          {
-            std::lock_guard<std::mutex> lock(g->mu);
-            auto it = g->pending_links.find(peer);
-            if (it != g->pending_links.end() && it->second == l) g->pending_links.erase(it);
-          }
-          g->KeepLink(peer, std::move(l));
-        }
-      }
-      receiver(ch, std::move(m));
-    });
-  });
-  if (!endpoint.ok()) return endpoint.status().WithContext("config " + config.file);
-  g->endpoint = std::move(endpoint).value();
-  auto port = g->endpoint->Listen(config.wan_listen.host, config.wan_listen.port);
-  if (!port.ok()) return port.status().WithContext("wan.listen " + config.wan_listen.ToString());
-  g->wan_port = *port;
-  // Each pair's link is dialled by one side only (config.h, "Dial-only regions"): the lower
-  // rank, or the side behind NAT.
-  if (config.dial_only) {
-    STRAIT_LOG(kInfo, kLog) << "wan.dial = \"outbound-only\": this region admits no "
-                               "inbound link, so this gateway dials every peer region";
-  }
-  for (size_t p = 0; p < g->world.size(); ++p) {
-    if (static_cast<int>(p) == g->rank || !config.Dials(g->world[p])) continue;
-    STRAIT_RETURN_IF_ERROR(g->DialPeer(static_cast<int>(p)));
-  }
-  for (const auto& [index, addr] : config.region_gateways) {
-    STRAIT_RETURN_IF_ERROR(g->DialRegionGateway(index));
-  }
-  std::unique_ptr<Gateway> gateway(new Gateway(std::move(impl)));  // private constructor
+  g->peer_control.codec_profiles = profiles;
   g->DeclareMetrics();  // before any request can record into it
-  STRAIT_RETURN_IF_ERROR(g->ServeSocket());
-  STRAIT_RETURN_IF_ERROR(g->StartHttp());
-  STRAIT_LOG(kInfo, kLog) << "serving " << config.Summary() << ", wan port " << g->wan_port;
-  return gateway;
-}
-
-void Gateway::Shutdown(Deadline grace) {
-  Impl* g = impl_.get();
-  {
-    std::lock_guard<std::mutex> lock(g->mu);
-    if (g->shut_down) return;
-    g->shut_down = true;
-    // Under the lock that all-reduces take to count themselves in flight: each either saw
-    // `stopping` and refused, or is counted before the wait below.
-    g->stopping.store(true);
-  }
-  g->http.reset();  // its handlers read the links and jobs
-  // Stop accepting, so that no new request starts while in-flight ones finish.
-  if (g->local != nullptr) g->local->StopAccepting();
-  while (g->in_flight.load() > 0 && !grace.Expired()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (g->in_flight.load() > 0) {
-    STRAIT_LOG(kWarn, kLog) << g->in_flight.load()
-                            << " all-reduce(s) still running at the end of the shutdown grace; "
-                               "closing the links fails them";
-  }
-  // All-reduces answer before their last sends are acknowledged (collective/allreduce.cc), so
-  // the links may still carry results that other regions wait for: close them with a flush
-  // (Link::Close sends what is queued and waits for its acknowledgements), within the grace,
-  // before the endpoint goes. A link with no stream up has nothing to flush.
-  {
-    std::vector<std::shared_ptr<net::Link>> open;
-    {
-      std::lock_guard<std::mutex> lock(g->mu);
-      for (const auto& l : g->links) {
-        if (l != nullptr) open.push_back(l);
-      }
-      for (const auto& l : g->region_links) {
-        if (l != nullptr) open.push_back(l);
-      }
-    }
-    for (const auto& l : open) l->Close();
-    for (const auto& l : open) {
-      for (;;) {
-        const net::LinkEstimates e = l->Estimates();
-        if (e.ended || e.streams_up == 0 || grace.Expired()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
-  }
-  // Closing the endpoint fails the links, which ends any all-reduce still waiting on a peer.
-  g->endpoint.reset();
-  // The requests still running end now; their replies go out, then every connection closes.
-  if (g->local != nullptr) g->local->Stop();
-}
-
-uint16_t Gateway::wan_port() const { return impl_->wan_port; }
-
-Status Gateway::ReloadIdentity() {
-  if (impl_->endpoint == nullptr) return FailedPreconditionError("the gateway is shut down");
-  return impl_->endpoint->ReloadIdentity();
-}
-
-std::string Gateway::StatsText() const {
-  Message m;
-  m.type = MessageType::kStats;
-  const Message reply = impl_->Handle(m);  // stats take nothing from the request
-  return std::string(reply.data.begin(), reply.data.end());
 }
 
 }  // namespace strait::gateway

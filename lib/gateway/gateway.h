@@ -137,11 +137,12 @@ class Gateway {
   // Counters as text, one "name value" per line (what the stats request returns).
   std::string StatsText() const;
 
-  struct Impl;
+  struct Impl;  // one shard's gateway
+  struct Host;  // what a multi-shard gateway's shards share (gateway_impl.h)
 
  private:
-  explicit Gateway(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Gateway(std::unique_ptr<Host> host);
+  std::unique_ptr<Host> host_;
 };
 
 // The link lane of `job`: a stable hash of its id, in [0, collective::kCollectiveChannelCount).

@@ -17,7 +17,7 @@
 //   numbering.*           op ids and generation keys (pure).
 //
 // Locking, from outside in (never take an outer lock while holding an inner one):
-//   `mu`                  links, pending_links, region_links, jobs (JobTable), shut_down. The jobs stay under `mu` (not a lock of their own)
+//   `mu`                  links, region_links, jobs (JobTable), shut_down. The jobs stay under `mu` (not a lock of their own)
 //                         because admission checks `stopping` and counts itself in flight under
 //                         the same lock that Shutdown sets `stopping` under.
 //   `peer_control.results.mu`  committed results and pending fetches (CommittedResults).
@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -162,20 +163,64 @@ struct JobTable {
   }
 };
 
+// What the shards of one straitd share ("Multi-shard gateways" in config.h; host.cc): the WAN
+// endpoint and its port, the local socket, the HTTP server, the shard lock files, and the links
+// dialled to peer gateways by (region, address), so that shards reaching the same peer gateway
+// share one link, each on its own block of channels (collective::kShardChannelStride). Accepted
+// links are shared the same way: the accept callback hands each shard its block. A single-shard
+// gateway is a Host with one shard. Locking: `mu` (dialled, shut_down) is taken before no other
+// lock and never held while calling into a shard.
+struct Gateway::Host {
+  GatewayConfig config;                       // the whole config (all shards)
+  std::vector<std::unique_ptr<Impl>> shards;  // in config.shards order
+  std::unique_ptr<net::Endpoint> endpoint;
+  uint16_t wan_port = 0;
+  std::unique_ptr<LocalServer> local;
+  std::unique_ptr<HttpServer> http;
+  std::vector<int> lock_fds;  // one per shard (ShardLockPath), held for the process' life
+
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<net::Link>> dialled;  // "region host:port" -> link
+  // Per peer region, the newest accepted links (at most one per shard served: a peer that runs
+  // one process per shard dials that many), kept open until a newer one pushes them out; a shard
+  // adopts one on its first message for that shard (Impl::AcceptedReceiver). Bounded under
+  // reconnect floods.
+  std::map<std::string, std::deque<std::shared_ptr<net::Link>>> accepted;
+  bool shut_down = false;
+
+  // The shard's state, or null when this gateway does not serve shard `k`.
+  Impl* Shard(uint32_t k) const;
+  // A handle on the link to peer region `region` at `addr` for shard `k` (its channel block):
+  // the one that is up if another shard dialled it, else a new one.
+  StatusOr<std::shared_ptr<net::Link>> Dial(const std::string& region, const HostPort& addr,
+                                            int k);
+  // The endpoint's accept callback: region links go to the one shard; a peer region's link is
+  // offered to every shard on its own block, and its messages are routed by channel block.
+  net::MessageCallback OnAccept(std::shared_ptr<net::Link> link);
+  // A link's receiver that hands each message to its block's shard (channel modulo the stride),
+  // or drops it with a warning when this gateway does not serve that shard.
+  net::MessageCallback Demux(std::map<uint32_t, net::MessageCallback> by_shard,
+                             const std::string& from);
+  // The local socket's handler: routes by the shard the client named (Message::client_shard).
+  Message Handle(Message& request);
+  void ServeTunnel(int fd, const Message& request);
+  Status ServeSocket();
+  Status StartHttp();
+  std::string MetricsText();
+  HttpResponse Readiness();
+  void Shutdown(Deadline grace);
+};
+
 struct Gateway::Impl {
-  GatewayConfig config;
+  GatewayConfig config;  // this shard's (GatewayConfig::ForShard)
+  Host* host = nullptr;  // what the shards share
   std::vector<std::string> world;
   int rank = 0;
   std::unique_ptr<collective::NetTransport> transport;
-  std::unique_ptr<net::Endpoint> endpoint;
-  uint16_t wan_port = 0;
 
   std::mutex mu;
   std::condition_variable links_cv;
   std::vector<std::shared_ptr<net::Link>> links;
-  // Per peer, the newest accepted link not yet adopted (it replaces links[peer] on its first
-  // message; until then this handle keeps it open). One per peer: bounded under reconnect floods.
-  std::map<int, std::shared_ptr<net::Link>> pending_links;
   JobTable jobs;
   // Each job's generations and its operations' identities (generation.h); thread-safe on its
   // own. Set up by Start before any link exists.
@@ -183,10 +228,6 @@ struct Gateway::Impl {
 
   std::atomic<bool> stopping{false};
   std::atomic<int> in_flight{0};
-  // The local socket and its connections (local_server.h): started by Start after the links,
-  // StopAccepting()ed first and Stop()ped last by Shutdown.
-  std::unique_ptr<LocalServer> local;
-  bool shut_down = false;
 
   // Counters for the stats request.
   std::atomic<uint64_t> connections{0}, refused_connections{0}, bad_requests{0};
@@ -296,7 +337,6 @@ struct Gateway::Impl {
   // per-all-reduce recording, and the /metrics, /healthz, /readyz server when metrics.listen
   // is set (started after the local socket, stopped first by Shutdown).
   MetricsRegistry metrics;
-  std::unique_ptr<HttpServer> http;
   void DeclareMetrics();
   void RecordAllReduce(const Message& request, const Status& status, int64_t elapsed_ns,
                        const collective::AllReduceStats& stats);
@@ -307,8 +347,8 @@ struct Gateway::Impl {
   std::unique_ptr<StragglerDetector> stragglers;
   LogRateLimiter straggler_log{60'000'000'000};
   void RecordPeerWaits(const collective::AllReduceStats& stats);
-  HttpResponse Readiness();  // 200, or 503 naming what is missing
-  Status StartHttp();
+  // What this shard lacks to be ready (one line each; empty when ready), and its slow peers.
+  std::string MissingForReadiness();
 
   // Opens the link to peer region `p` (one that config.Dials: ranked above this one, or any
   // when this region is dial-only) / to gateway `index` of this region, replacing an ended one. Does not wait for streams.
@@ -316,8 +356,15 @@ struct Gateway::Impl {
   Status DialRegionGateway(int index);
   // Called about twice a second on the local server's loop.
   void RedialEndedLinks();
-  // Starts `local` on config.local_socket.
-  Status ServeSocket();
+  // The receiver of this shard's block on a link that peer region `peer` accepted from this
+  // gateway (dialled) / on `link`, which the peer dialled (accepted: this shard's handle on it,
+  // WithChannelBase, replaces links[peer] on the shard's first message over it, if Host::accepted
+  // still holds it then). I/O thread; never block.
+  net::MessageCallback DialledReceiver(int peer);
+  net::MessageCallback AcceptedReceiver(const std::shared_ptr<net::Link>& link);
+  // Sets up everything but the links, endpoint and socket (Host::Start does those).
+  void Init(const GatewayConfig& shard_config, Host* shared,
+            const std::vector<net::CodecProfile>& profiles);
   // Whether Handle may block on a request of this type (it then runs on a worker).
   static bool MayBlock(MessageType type);
   // Takes the request's data (an all-reduce answers in place).

@@ -219,8 +219,9 @@ std::string Gateway::Impl::MetricsText() {
   error("refused_connection", refused_connections.load());
   error("bad_request", bad_requests.load());
   error("refused_request", refused_requests.load());
-  if (endpoint != nullptr) {
-    const net::EndpointCounters c = endpoint->Counters();
+  if (host->endpoint != nullptr && this == host->shards.front().get()) {
+    // The endpoint is the process's: its refusals appear on the first shard.
+    const net::EndpointCounters c = host->endpoint->Counters();
     error("tls_handshake", c.tls_handshake_failures);
     error("unknown_region", c.unknown_region);
     error("identity_mismatch", c.identity_mismatch);
@@ -231,10 +232,9 @@ std::string Gateway::Impl::MetricsText() {
   return metrics.Text();
 }
 
-HttpResponse Gateway::Impl::Readiness() {
+std::string Gateway::Impl::MissingForReadiness() {
   std::string missing;
   auto add = [&](const std::string& what) { missing += (missing.empty() ? "" : "\n") + what; };
-  if (local == nullptr || !local->serving() || stopping.load()) add("local socket " + config.local_socket + " not served");
   std::vector<std::pair<std::string, std::shared_ptr<net::Link>>> peer_links;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -259,19 +259,52 @@ HttpResponse Gateway::Impl::Readiness() {
   }
   for (const auto& [what, link] : peer_links) {
     const net::LinkEstimates e = link->Estimates();
-    if (e.streams_up == 0 || e.unreachable) add("link to " + what + " has no stream up");
+    if (e.streams_up == 0 || e.unreachable) {
+      add("link to " + what + " has no stream up (shard " + std::to_string(config.shard_index) +
+          ")");
+    }
   }
-  // A slow peer does not make this gateway unready (it still works, only slower), but the
-  // detail is where an operator looking at a slow job reads first.
-  const std::string slow = stragglers != nullptr ? stragglers->SlowText() : std::string();
+  return missing;
+}
+
+HttpResponse Gateway::Host::Readiness() {
+  std::string missing, slow;
+  auto add = [](std::string& to, const std::string& what) {
+    if (!what.empty()) to += (to.empty() ? "" : "\n") + what;
+  };
+  if (local == nullptr || !local->serving() || shards.front()->stopping.load()) {
+    add(missing, "local socket " + config.local_socket + " not served");
+  }
+  for (const auto& s : shards) {
+    add(missing, s->MissingForReadiness());
+    // A slow peer does not make this gateway unready (it still works, only slower), but the
+    // detail is where an operator looking at a slow job reads first.
+    const std::string text = s->stragglers != nullptr ? s->stragglers->SlowText() : "";
+    if (!text.empty()) {
+      slow += (slow.empty() ? "" : "; ") +
+              (shards.size() > 1 ? "shard " + std::to_string(s->config.shard_index) + ": " : "") +
+              text;
+    }
+  }
   if (missing.empty()) {
     return HttpResponse{200, slow.empty() ? "ready\n" : "ready\nslow peers: " + slow + "\n"};
   }
-  if (!slow.empty()) add("slow peers: " + slow);
+  if (!slow.empty()) add(missing, "slow peers: " + slow);
   return HttpResponse{503, "not ready:\n" + missing + "\n"};
 }
 
-Status Gateway::Impl::StartHttp() {
+std::string Gateway::Host::MetricsText() {
+  // One shard: its series as they always were; several: each labelled with its shard.
+  if (shards.size() == 1) return shards.front()->MetricsText();
+  std::vector<std::pair<MetricLabels, const MetricsRegistry*>> parts;
+  for (const auto& s : shards) {
+    s->MetricsText();  // refreshes the series copied in before a scrape
+    parts.push_back({{{"shard", std::to_string(s->config.shard_index)}}, &s->metrics});
+  }
+  return MetricsRegistry::MergedText(parts);
+}
+
+Status Gateway::Host::StartHttp() {
   if (!config.metrics_listen) return Status::Ok();
   auto server = HttpServer::Start(
       config.metrics_listen->host, config.metrics_listen->port,

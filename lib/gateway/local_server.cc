@@ -283,6 +283,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       core_.CountBadRequest();
       return Write(Reply(MessageType::kHello, InvalidArgumentError("clients do not send replies")));
     }
+    // The shard the client named in its hello goes with each of its requests (protocol.h).
+    if (request_.type == MessageType::kHello) {
+      shard_ = request_.client_shard;
+    } else {
+      request_.client_shard = shard_;
+    }
     if (request_.type == MessageType::kTunnelListen ||
         request_.type == MessageType::kTunnelConnect ||
         request_.type == MessageType::kTunnelAccept) {
@@ -383,6 +389,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Socket socket_;
   asio::steady_timer timer_;
   const uint32_t uid_;  // the admitted client's; jobs belong to the uid
+  uint32_t shard_ = localproto::kAnyShard;  // named in the client's hello
   std::list<std::shared_ptr<Connection>>::iterator self_;
   std::array<uint8_t, localproto::kFrameLengthBytes> length_{};
   std::vector<uint8_t> body_;

@@ -177,26 +177,45 @@ double MetricsRegistry::Value(const std::string& name, const MetricLabels& label
   return s == it->second.series.end() ? 0 : s->second.value;
 }
 
-std::string MetricsRegistry::Text() const {
-  std::lock_guard<std::mutex> lock(mu_);
+std::string MetricsRegistry::Text() const { return MergedText({{MetricLabels{}, this}}); }
+
+std::string MetricsRegistry::MergedText(
+    const std::vector<std::pair<MetricLabels, const MetricsRegistry*>>& parts) {
+  // Copies of each part's families (one lock at a time), then one family block per name with
+  // every part's series, the part's labels first.
+  std::vector<std::map<std::string, Family>> copies;
+  copies.reserve(parts.size());
+  for (const auto& [prefix, registry] : parts) {
+    std::lock_guard<std::mutex> lock(registry->mu_);
+    copies.push_back(registry->families_);
+  }
+  std::map<std::string, std::vector<std::pair<size_t, const Family*>>> by_name;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    for (const auto& [name, f] : copies[i]) by_name[name].emplace_back(i, &f);
+  }
   std::string out;
-  for (const auto& [name, f] : families_) {
-    out += "# HELP " + name + " " + EscapeHelp(f.help) + "\n";
-    out += "# TYPE " + name + " " + TypeName(f.type) + "\n";
-    for (const auto& [labels, s] : f.series) {
-      if (f.type != MetricType::kHistogram) {
-        AppendSample(out, name, labels, s.value);
-        continue;
+  for (const auto& [name, members] : by_name) {
+    const Family& head = *members.front().second;
+    out += "# HELP " + name + " " + EscapeHelp(head.help) + "\n";
+    out += "# TYPE " + name + " " + TypeName(head.type) + "\n";
+    for (const auto& [part, f] : members) {
+      for (const auto& [own_labels, s] : f->series) {
+        MetricLabels labels = parts[part].first;
+        labels.insert(labels.end(), own_labels.begin(), own_labels.end());
+        if (f->type != MetricType::kHistogram) {
+          AppendSample(out, name, labels, s.value);
+          continue;
+        }
+        uint64_t cumulative = 0;
+        for (size_t i = 0; i < f->buckets.size(); ++i) {
+          cumulative += i < s.bucket_counts.size() ? s.bucket_counts[i] : 0;
+          AppendSample(out, name + "_bucket", labels, static_cast<double>(cumulative), "le",
+                       FormatMetricValue(f->buckets[i]));
+        }
+        AppendSample(out, name + "_bucket", labels, static_cast<double>(s.count), "le", "+Inf");
+        AppendSample(out, name + "_sum", labels, s.sum);
+        AppendSample(out, name + "_count", labels, static_cast<double>(s.count));
       }
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i < f.buckets.size(); ++i) {
-        cumulative += i < s.bucket_counts.size() ? s.bucket_counts[i] : 0;
-        AppendSample(out, name + "_bucket", labels, static_cast<double>(cumulative), "le",
-                     FormatMetricValue(f.buckets[i]));
-      }
-      AppendSample(out, name + "_bucket", labels, static_cast<double>(s.count), "le", "+Inf");
-      AppendSample(out, name + "_sum", labels, s.sum);
-      AppendSample(out, name + "_count", labels, static_cast<double>(s.count));
     }
   }
   return out;

@@ -58,6 +58,11 @@ class MetricsRegistry {
 
   // The text exposition: families in name order, each with HELP and TYPE, series in label order.
   std::string Text() const;
+  // One exposition of several registries (a multi-shard straitd's shards): each family once,
+  // with every part's series, the part's labels (e.g. {{"shard", "2"}}) before the series' own.
+  // The parts must declare a family alike (the first one's HELP and TYPE print).
+  static std::string MergedText(
+      const std::vector<std::pair<MetricLabels, const MetricsRegistry*>>& parts);
 
  private:
   struct Series {

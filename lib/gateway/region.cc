@@ -96,7 +96,7 @@ Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req, uint
 
 Status Gateway::Impl::DialRegionGateway(int index) {
   const HostPort& addr = config.region_gateways.at(index);
-  auto link = endpoint->Connect(config.region, addr.host, addr.port,
+  auto link = host->endpoint->Connect(config.region, addr.host, addr.port,
                                 region_state.receivers[static_cast<size_t>(index)]);
   if (!link.ok()) {
     return link.status().WithContext("peers." + config.region + ".shard_" + std::to_string(index));

@@ -16,8 +16,9 @@
 namespace strait::localproto {
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, Deadline deadline,
-                                                  const std::string& client_name) {
-  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path, deadline, client_name));
+                                                  const std::string& client_name,
+                                                  uint32_t shard) {
+  STRAIT_ASSIGN_OR_RETURN(int fd, Dial(socket_path, deadline, client_name, true, shard));
   return std::unique_ptr<Client>(new Client(fd));  // private constructor
 }
 

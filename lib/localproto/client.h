@@ -33,10 +33,13 @@ namespace strait::localproto {
 class Client {
  public:
   // Connects to the gateway's socket and exchanges hellos. kUnavailable when nothing listens,
-  // kPermissionDenied when the gateway refuses this process's credentials.
+  // kPermissionDenied when the gateway refuses this process's credentials, kFailedPrecondition
+  // when it does not serve `shard` (the shard this client's requests go to; kAnyShard: the
+  // gateway's only one).
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path,
                                                    Deadline deadline,
-                                                   const std::string& client_name = "");
+                                                   const std::string& client_name = "",
+                                                   uint32_t shard = kAnyShard);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -166,7 +166,7 @@ StatusOr<Message> ReadReply(int fd, MessageType expect, Deadline deadline) {
 }
 
 StatusOr<int> Dial(const std::string& socket_path, Deadline deadline,
-                   const std::string& client_name, bool wait_for_gateway) {
+                   const std::string& client_name, bool wait_for_gateway, uint32_t shard) {
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
     return InvalidArgumentError("gateway socket path \"" + socket_path + "\" must be 1-" +
@@ -181,6 +181,7 @@ StatusOr<int> Dial(const std::string& socket_path, Deadline deadline,
       Message hello;
       hello.type = MessageType::kHello;
       hello.client_name = client_name;
+      hello.client_shard = shard;
       Status s = WriteMessage(fd, hello, deadline);
       StatusOr<Message> reply =
           s.ok() ? ReadReply(fd, MessageType::kHello, deadline) : StatusOr<Message>(s);

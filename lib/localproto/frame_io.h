@@ -58,8 +58,10 @@ StatusOr<Message> ReadReply(int fd, MessageType expect, Deadline deadline);
 // or refuses (a gateway starting up) is retried until the deadline. kUnavailable when nothing
 // answers, kInvalidArgument for a path that does not fit a Unix socket address, the gateway's
 // code (e.g. kPermissionDenied, kUnimplemented for another protocol version) when it refuses.
+// `shard` (kAnyShard: none) goes in the hello: the shard this client uses (protocol.h).
 StatusOr<int> Dial(const std::string& socket_path, Deadline deadline,
-                   const std::string& client_name, bool wait_for_gateway = true);
+                   const std::string& client_name, bool wait_for_gateway = true,
+                   uint32_t shard = kAnyShard);
 
 }  // namespace strait::localproto
 

@@ -168,6 +168,7 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.U32(m.magic);
       w.U16(m.version);
       w.Str(m.client_name);
+      if (m.client_shard != kAnyShard) w.U32(m.client_shard);
       break;
     case MessageType::kRegisterJob:
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
@@ -309,6 +310,13 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
                                   std::to_string(kLocalVersion));
       }
       m.client_name = r.Str("client name", kMaxNameBytes, false);
+      if (r.status().ok() && !r.AtEnd()) {
+        m.client_shard = static_cast<uint32_t>(r.Le(4, "shard"));
+        if (r.status().ok() && m.client_shard == kAnyShard) {
+          return InvalidArgumentError("hello names shard " + std::to_string(kAnyShard) +
+                                      "; allowed: a shard index, or no shard field");
+        }
+      }
       break;
     case MessageType::kRegisterJob:
       m.job = r.Str("job", kMaxNameBytes, true);

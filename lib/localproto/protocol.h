@@ -4,6 +4,11 @@
 // body. A body starts with one type byte; all integers are little-endian; a string is a 2-byte
 // length and that many bytes; `data` runs to the end of the body.
 //   kHello        u32 magic "STLP", u16 version, string client name      (first on a connection)
+//                 [, u32 shard]: optional, the shard index this client (a rank) uses; a gateway
+//                 serving several shards (config `shards`) needs it and routes every later
+//                 request of the connection to that shard; one serving a single shard accepts
+//                 its own index or none. Another index is refused with kFailedPrecondition
+//                 naming the shards served.
 //   kRegisterJob  string job, string policy ("" = the gateway's default; see policy_grammar.h)
 //   kAllReduce    string job, string tensor key, u8 dtype, u8 op, u64 count, u32 timeout_ms,
 //                 u64 generation, u64 sequence, u64 scope, data (count x dtype size bytes)
@@ -136,6 +141,8 @@ inline constexpr uint32_t kDefaultMaxMessageBytes = 256u << 20;
 inline constexpr size_t kMaxNameBytes = 256;     // job ids, tensor keys, client names
 inline constexpr size_t kMaxPolicyBytes = 256;
 inline constexpr size_t kMaxReplyTextBytes = 16384;
+// A hello's client_shard when the client names no shard.
+inline constexpr uint32_t kAnyShard = 0xFFFFFFFFu;
 
 // The highest StatusCode a reply or a tunnel close may carry: a newer code from a newer peer is
 // refused rather than guessed at. Every wire that carries a StatusCode (this protocol, the
@@ -173,6 +180,9 @@ struct Message {
   uint32_t magic = kLocalMagic;
   uint16_t version = kLocalVersion;
   std::string client_name;
+  // kHello: the shard the client names, or kAnyShard when it names none (not sent). Later
+  // requests of the connection carry it too, filled in by the gateway (not on the wire).
+  uint32_t client_shard = kAnyShard;
   // kRegisterJob, kAllReduce
   std::string job;
   std::string policy;

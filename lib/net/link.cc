@@ -20,8 +20,15 @@ Link::~Link() = default;
 
 const std::string& Link::peer_region() const { return impl_->core->peer_region(); }
 
+std::shared_ptr<Link> Link::WithChannelBase(uint32_t base) const {
+  auto view = std::make_shared<Link>(std::make_unique<Impl>(*impl_));
+  view->channel_base_ = channel_base_ + base;
+  return view;
+}
+
 void Link::Send(uint32_t channel, std::vector<uint8_t> message, Deadline deadline,
                 SendDone done) {
+  channel += channel_base_;
   auto shared_done = std::make_shared<SendDone>(std::move(done));
   const bool posted = impl_->runtime->Post(
       [core = impl_->core, channel, message = std::move(message), deadline,

@@ -193,8 +193,18 @@ class Link {
   // resends). Adaptation, when on, may change it again later. Thread-safe; does not block.
   void SetStreamsForTest(int streams);
 
+  // A handle to the same link whose sends go out on `channel + base` (base added to this
+  // handle's own): what lets several users share one link, each on its own block of channels
+  // (straitd's shards; collective/channels.h, kShardChannelStride). Everything else -- streams,
+  // estimates, Close -- is the one link's. The receiving side sees the offset channels and
+  // subtracts the base itself. Thread-safe; does not block.
+  std::shared_ptr<Link> WithChannelBase(uint32_t base) const;
+  // The base this handle adds to every channel it sends on (0 for the link itself).
+  uint32_t channel_base() const { return channel_base_; }
+
  private:
   std::unique_ptr<Impl> impl_;
+  uint32_t channel_base_ = 0;
 };
 
 // Called on the I/O thread for each link a peer opens to this endpoint, before any of its

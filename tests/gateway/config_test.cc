@@ -140,7 +140,7 @@ const BadCase kBadCases[] = {
      "tls: a [tls] table was given but wan.transport = \"plain\""},
     {"tls key missing", "key = \"gw.key\"\n", "", "tls: missing required key `key`"},
     {"peer shard missing", "shard_1 = \"10.1.0.2:7400\"", "shard_2 = \"10.1.0.2:7400\"",
-     "peers.eu-west.shard_1: missing: this gateway has shard_index = 1"},
+     "peers.eu-west.shard_1: missing: this gateway serves shard 1"},
     {"peer shard bad key", "shard_0 = \"10.1.0.1:7400\"", "shard0 = \"10.1.0.1:7400\"",
      "f.toml:14:1: peers.eu-west.shard0: unknown key; allowed: shard_<index>"},
     {"peer address wrong type", "shard_1 = \"[fd00::7]:7400\"", "shard_1 = 7400",
@@ -182,7 +182,7 @@ const BadCase kBadCases[] = {
     {"unknown allreduce key", "deadline = \"90s\"", "deadlin = \"90s\"",
      "allreduce.deadlin: unknown key; allowed keys here: deadline, shutdown_grace"},
     {"unknown table", "[allreduce]", "[allreduc]",
-     "allreduc: unknown key; allowed keys here: region, shard_index, local, wan, tls, peers"},
+     "allreduc: unknown key; allowed keys here: region, shard_index, shards, local, wan, tls, peers"},
     {"peer region not a table", "[peers.ap-south]\nshard_1 = \"[fd00::7]:7400\"",
      "[peers]\nap-south = 3",
      "f.toml:17:12: peers.ap-south: found an integer; allowed: a table of shard_<index>"},
@@ -201,7 +201,7 @@ const BadCase kBadCases[] = {
      "peers.us-east.dial: names this gateway's own region, whose dial mode is wan.dial (\"any\" "
      "here), and differs from it; allowed: the same value as wan.dial"},
     {"peer without address and not dial-only", "shard_1 = \"[fd00::7]:7400\"", "",
-     "peers.ap-south.shard_1: missing: this gateway has shard_index = 1 and runs all-reduces "
+     "peers.ap-south.shard_1: missing: this gateway serves shard 1 and runs its all-reduces "
      "with that shard of every peer region; allowed: add shard_1 = \"host:port\", or dial = "
      "\"outbound-only\" if region ap-south is behind NAT and dials this gateway"},
 };
@@ -215,7 +215,7 @@ const BadCase kBadDialOnlyCases[] = {
      "other's link; allowed: remove one of the two"},
     // It dials every peer, so it needs every address; NAT is no way out here.
     {"dial-only gateway without a peer address", "shard_1 = \"[fd00::7]:7400\"", "",
-     "peers.ap-south.shard_1: missing: this gateway has shard_index = 1 and runs all-reduces "
+     "peers.ap-south.shard_1: missing: this gateway serves shard 1 and runs its all-reduces "
      "with that shard of every peer region; allowed: add shard_1 = \"host:port\""},
     {"own region not dial-only in a dial-only gateway", "[peers.ap-south]",
      "[peers.us-east]\ndial = \"any\"\nshard_0 = \"10.0.0.1:7400\"\n[peers.ap-south]",

@@ -57,16 +57,20 @@ StatusOr<std::unique_ptr<WanCluster>> WanCluster::Start(WanClusterOptions option
   auto emulator = wanem::Emulator::Start(std::move(eo));
   if (!emulator.ok()) return emulator.status().WithContext("strait-wanem");
   c->emulator_ = std::move(emulator).value();
-  c->pids_.assign(static_cast<size_t>(o.regions * o.ranks_per_region), -1);
+  if (o.shards_per_gateway < 1 || o.ranks_per_region % o.shards_per_gateway != 0) {
+    return InvalidArgumentError("shards_per_gateway must divide ranks_per_region");
+  }
+  const int k = o.shards_per_gateway;
+  c->pids_.assign(static_cast<size_t>(o.regions * c->Gateways()), -1);
   c->starts_.assign(c->pids_.size(), 0);
   for (int r = 0; r < o.regions; ++r) {
-    for (int i = 0; i < o.ranks_per_region; ++i) {
-      STRAIT_RETURN_IF_ERROR(c->WriteConfig(r, i));
-      STRAIT_RETURN_IF_ERROR(c->Spawn(r, i));
+    for (int g = 0; g < c->Gateways(); ++g) {
+      STRAIT_RETURN_IF_ERROR(c->WriteConfig(r, g * k));
+      STRAIT_RETURN_IF_ERROR(c->Spawn(r, g * k));
     }
   }
   for (int r = 0; r < o.regions; ++r) {
-    for (int i = 0; i < o.ranks_per_region; ++i) STRAIT_RETURN_IF_ERROR(c->WaitReady(r, i));
+    for (int g = 0; g < c->Gateways(); ++g) STRAIT_RETURN_IF_ERROR(c->WaitReady(r, g * k));
   }
   return c;
 }
@@ -81,24 +85,33 @@ WanCluster::~WanCluster() {
   }
 }
 
-std::string WanCluster::Socket(int region, int index) const {
-  return dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".sock";
+std::string WanCluster::Base(int region, int index) const {
+  return dir_ + "/" + RegionName(region) + "_" + std::to_string(GatewayOf(index));
 }
 
+std::string WanCluster::Socket(int region, int index) const { return Base(region, index) + ".sock"; }
+
 std::string WanCluster::ConfigFile(int region, int index) const {
-  return dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".toml";
+  return Base(region, index) + ".toml";
 }
 
 std::string WanCluster::Logs(int region, int index) const {
-  const std::string base = dir_ + "/" + RegionName(region) + "_" + std::to_string(index);
+  const std::string base = Base(region, index);
   return "--- stdout\n" + ReadFile(base + ".out") + "--- stderr\n" + ReadFile(base + ".err");
 }
 
 Status WanCluster::WriteConfig(int region, int index) {
   const WanClusterOptions& o = options_;
-  const auto port = [](int i) { return std::to_string(kPortBase + i); };
-  std::string t =
-      "region = \"" + RegionName(region) + "\"\nshard_index = " + std::to_string(index) + "\n";
+  // Gateway g listens on kPortBase + g; shard i is served by gateway GatewayOf(i).
+  const auto port = [this](int i) { return std::to_string(kPortBase + GatewayOf(i)); };
+  std::string t = "region = \"" + RegionName(region) + "\"\n";
+  const int k = o.shards_per_gateway;
+  const int first = GatewayOf(index) * k;
+  if (k == 1) {
+    t += "shard_index = " + std::to_string(index) + "\n";
+  } else {
+    t += "shards = \"" + std::to_string(first) + "-" + std::to_string(first + k - 1) + "\"\n";
+  }
   t += "[local]\nsocket = \"" + Socket(region, index) + "\"\nallowed_uids = [" +
        std::to_string(::getuid());
   for (uint32_t uid : o.allowed_uids) t += ", " + std::to_string(uid);
@@ -125,7 +138,7 @@ Status WanCluster::WriteConfig(int region, int index) {
       if (p != region) continue;  // it dials us: no address
     }
     for (int i = 0; i < o.ranks_per_region; ++i) {
-      if (i != index && !o.full_mesh) continue;
+      if (GatewayOf(i) != GatewayOf(index) && !o.full_mesh) continue;
       t +=
           "shard_" + std::to_string(i) + " = \"" + wanem::RegionAddress(p) + ":" + port(i) + "\"\n";
     }
@@ -148,7 +161,7 @@ Status WanCluster::WriteConfig(int region, int index) {
 }
 
 Status WanCluster::Spawn(int region, int index) {
-  const std::string base = dir_ + "/" + RegionName(region) + "_" + std::to_string(index);
+  const std::string base = Base(region, index);
   // Appended: a restarted daemon's ready line follows the earlier ones (WaitReady counts them).
   test::SpawnOptions output;
   output.stdout_path = base + ".out";
@@ -163,7 +176,7 @@ Status WanCluster::Spawn(int region, int index) {
 }
 
 Status WanCluster::WaitReady(int region, int index) {
-  const std::string out = dir_ + "/" + RegionName(region) + "_" + std::to_string(index) + ".out";
+  const std::string out = Base(region, index) + ".out";
   // Each start appends one ready line: wait for as many as this daemon was started.
   const Deadline deadline = Deadline::AfterSeconds(30);
   pid_t& pid = pids_[Slot(region, index)];

@@ -55,6 +55,11 @@ struct WanClusterOptions {
   // configs, and in everyone else's peers.<region>.dial = "outbound-only" with no address (nobody
   // dials them). The NAT itself is a pair override, e.g. "*>2=syn=drop".
   std::vector<int> dial_only_regions;
+  // Shards each straitd serves (config `shards`): 1 is one straitd per rank index; k > 1 (a
+  // divisor of ranks_per_region) runs ranks_per_region / k straitds per region, gateway g
+  // serving shards g*k .. g*k+k-1 behind one socket. Methods taking `index` take a rank index
+  // and act on the straitd serving it.
+  int shards_per_gateway = 1;
 };
 
 class WanCluster {
@@ -87,9 +92,14 @@ class WanCluster {
   Status WriteConfig(int region, int index);
   Status Spawn(int region, int index);
   Status WaitReady(int region, int index);
+  // Straitds per region, and the one serving rank index `index`.
+  int Gateways() const { return options_.ranks_per_region / options_.shards_per_gateway; }
+  int GatewayOf(int index) const { return index / options_.shards_per_gateway; }
   size_t Slot(int region, int index) const {
-    return static_cast<size_t>(region * options_.ranks_per_region + index);
+    return static_cast<size_t>(region * Gateways() + GatewayOf(index));
   }
+  // The files' common path of the straitd serving `index` (without the extension).
+  std::string Base(int region, int index) const;
 
   WanClusterOptions options_;
   std::string dir_;

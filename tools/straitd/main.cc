@@ -85,6 +85,13 @@ std::optional<strait::gateway::GatewayConfig> LoadCheckedConfig(const std::strin
     std::fprintf(stderr, "config error: %s\n", s.message().c_str());
     return std::nullopt;
   }
+  // At start Gateway::Start takes the shard locks itself; a check says who holds them.
+  if (!log_warnings) {
+    if (strait::Status s = strait::gateway::CheckShardLocks(*config); !s.ok()) {
+      std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+      return std::nullopt;
+    }
+  }
   for (const std::string& w : warnings) {
     if (log_warnings) {
       STRAIT_LOG(kWarn, "straitd") << "config warning: " << w;
