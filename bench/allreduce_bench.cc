@@ -73,6 +73,24 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
                         "a list of even, weighted, balanced and measured, not '" + m + "'");
     }
   }
+  // Gateway layouts: straitds per region (one per rank unless --straitds-per-region says).
+  std::vector<int> layouts;
+  std::string layout_list = f.straitds;
+  std::replace(layout_list.begin(), layout_list.end(), '/', ',');
+  for (const std::string& item : SplitList(layout_list)) {
+    int count = 0;
+    const bool number = !item.empty() && item.size() <= 2 &&
+                        std::all_of(item.begin(), item.end(), ::isdigit);
+    if (number) count = std::stoi(item);
+    if (count < 1 || f.ranks_per_region % count != 0) {
+      return UsageError(kCommand, "--straitds-per-region",
+                        "a list of straitd counts per region that divide --ranks-per-region (" +
+                            std::to_string(f.ranks_per_region) + "), e.g. " +
+                            std::to_string(f.ranks_per_region) + "/1; not '" + item + "'");
+    }
+    layouts.push_back(count);
+  }
+  if (layouts.empty()) layouts.push_back(f.ranks_per_region);
   Setup s;
   if (f.loopback) {
     s.why_loopback = "--loopback";
@@ -126,6 +144,9 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
   rep.links_equal = LinksEqual(s.table);
   rep.sizes = sizes;
   int job_index = 0;
+  for (const int straitds : layouts) {
+  c.shards_per_gateway = f.ranks_per_region / straitds;
+  bool new_layout = true;  // a new layout starts new gateways
   for (const std::string& mode : shard_modes) {
     // Equal links, and measured: none (straitd measures its links and balances on them, which
     // gives equal shards on equal links). Even on unequal links: all 1, which straitd takes as
@@ -134,8 +155,9 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
     if (!rep.links_equal && mode == "even") weights.assign(static_cast<size_t>(f.regions), 1);
     if (!rep.links_equal && mode == "weighted") weights = SlowestLinkWeights(s.table);
     if (!rep.links_equal && mode == "balanced") weights = BalancedWeights(s.table);
-    if (c.daemons.empty() || weights != c.weights) {
-      progress.Update("starting " + std::to_string(f.regions * f.ranks_per_region) + " straitd");
+    if (new_layout || c.daemons.empty() || weights != c.weights) {
+      new_layout = false;
+      progress.Update("starting " + std::to_string(f.regions * straitds) + " straitd");
       if (Status st = StartGateways(f, s, weights, c); !st.ok()) return fail(st);
     }
     for (const std::string& codec : codecs) {
@@ -147,9 +169,15 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
                                               shard_modes.size() > 1, weights, size, job,
                                               &progress);
         if (!mesh.ok()) return fail(mesh.status());
+        mesh->straitds_per_region = straitds;
+        if (layouts.size() > 1) {
+          mesh->label += " " + std::to_string(straitds) + " straitd" + (straitds > 1 ? "s" : "") +
+                         "/region";
+        }
         rep.runs.push_back(*std::move(mesh));
       }
     }
+  }
   }
 
   if (f.baseline == "ring") {
@@ -211,7 +239,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       ->check(IntValidator(2, 16))
       ->capture_default_str();
   cmd.add_option("--ranks-per-region", f->ranks_per_region,
-                 "Rank processes per region, each with its own straitd")
+                 "Rank processes per region (rank i all-reduces shard i through a straitd)")
       ->check(IntValidator(1, 8))
       ->capture_default_str();
   CLI::Option* size =
@@ -255,6 +283,12 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "Per-pair override as strait-wanem's --pair: SELECTOR=SPEC, e.g. "
                  "0:1=rate=200mbit (both directions) or 2>0=rate=50mbit; repeatable")
       ->type_name("SELECTOR=SPEC");
+  cmd.add_option("--straitds-per-region", f->straitds,
+                 "Gateway layout: straitds per region, each serving ranks-per-region / N "
+                 "consecutive shards behind one socket (config `shards`); default: one per rank. "
+                 "Several, '/'- or comma-separated (e.g. 4/1), run one set of rows each, the "
+                 "gateways restarted in between")
+      ->type_name("N[/N...]");
   cmd.add_option("--shards", f->shards,
                  "Shard split of the mesh, given to straitd as allreduce.shard_weights: weighted "
                  "(each region's weight = its slowest link's rate), balanced (the split that "

@@ -174,32 +174,36 @@ Status MakeCertificates(const std::string& dir, int regions) {
 
 std::string SocketPath(const Cluster& c, int region, int index) {
   return c.dir + "/g" + std::to_string(c.generation) + "_" + std::to_string(region) + "_" +
-         std::to_string(index) + ".sock";
+         std::to_string(index / c.shards_per_gateway) + ".sock";
 }
 
-// Starts one straitd per (region, rank index) with `weights` as allreduce.shard_weights (none
-// when empty: equal shards), after stopping any running set.
+// Starts ranks_per_region / c.shards_per_gateway straitds per region with `weights` as
+// allreduce.shard_weights (none when empty: equal shards), after stopping any running set.
 Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>& weights,
                      Cluster& c) {
   c.StopDaemons();
   ++c.generation;
   c.weights = weights;
-  const int n = f.regions, k = f.ranks_per_region;
+  // Gateway g of a region serves shards g*spg .. g*spg+spg-1 (one per rank index when spg = 1).
+  const int spg = c.shards_per_gateway;
+  const int n = f.regions, k = f.ranks_per_region / spg;
   const std::vector<uint16_t> free_ports =
       s.emulated ? std::vector<uint16_t>{} : FreeLoopbackPorts(n * k);
   // Fresh namespaces: nothing else listens there, but each generation takes new ports.
-  auto port = [&](int r, int i) {
-    return s.emulated ? kGatewayPortBase + 16 * c.generation + i
-                      : free_ports[static_cast<size_t>(r * k + i)];
+  auto port = [&](int r, int g) {
+    return s.emulated ? kGatewayPortBase + 16 * c.generation + g
+                      : free_ports[static_cast<size_t>(r * k + g)];
   };
   const std::string straitd = FindStraitd(f.straitd);
   for (int r = 0; r < n; ++r) {
-    for (int i = 0; i < k; ++i) {
+    for (int i = 0; i < k; ++i) {  // gateway i
       const std::string base = c.dir + "/g" + std::to_string(c.generation) + "_" +
                                std::to_string(r) + "_" + std::to_string(i);
-      std::string t =
-          "region = \"" + RegionName(r) + "\"\nshard_index = " + std::to_string(i) + "\n";
-      t += "[local]\nsocket = \"" + SocketPath(c, r, i) + "\"\nallowed_uids = [" +
+      std::string t = "region = \"" + RegionName(r) + "\"\n";
+      t += spg == 1 ? "shard_index = " + std::to_string(i) + "\n"
+                    : "shards = \"" + std::to_string(i * spg) + "-" +
+                          std::to_string(i * spg + spg - 1) + "\"\n";
+      t += "[local]\nsocket = \"" + SocketPath(c, r, i * spg) + "\"\nallowed_uids = [" +
            std::to_string(::getuid()) + "]\n";
       t += "[wan]\nlisten = \"" + Addr(s, r) + ":" + std::to_string(port(r, i)) +
            "\"\ntransport = \"" + (s.tls ? "tls" : "plain") + "\"\n";
@@ -215,8 +219,11 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
           t += "[peers." + RegionName(p) + "]\ndial = \"outbound-only\"\n";
           continue;
         }
-        t += "[peers." + RegionName(p) + "]\nshard_" + std::to_string(i) + " = \"" + Addr(s, p) +
-             ":" + std::to_string(port(p, i)) + "\"\n";
+        t += "[peers." + RegionName(p) + "]\n";
+        for (int shard = i * spg; shard < (i + 1) * spg; ++shard) {
+          t += "shard_" + std::to_string(shard) + " = \"" + Addr(s, p) + ":" +
+               std::to_string(port(p, i)) + "\"\n";
+        }
       }
       t += "[link]\nstreams = " + std::to_string(f.streams) +
            "\nadapt_streams = " + (f.adapt_streams ? "true" : "false") + "\n";

@@ -58,6 +58,10 @@ struct Flags {
   // and its straitds are dial-only (wan.dial = "outbound-only"); -1: every region symmetric.
   int dial_only = -1;
   std::string shards = "weighted";  // a list of "weighted", "balanced", "measured", "even"
+  // --straitds-per-region: a list of straitd counts per region (each dividing ranks_per_region;
+  // "" = ranks_per_region, one per rank): one set of mesh rows per count, straitd g of a region
+  // serving shards g*s .. g*s+s-1 (config `shards`) for s = ranks_per_region / count.
+  std::string straitds;
   std::string transport = "auto";   // auto (tls when emulated), tls, plain
   int iters = 5;
   int warmup = 1;
@@ -150,6 +154,7 @@ struct Cluster {
   // and ports of the previous one (closed listeners may linger in TIME_WAIT).
   int generation = 0;
   std::vector<uint64_t> weights;  // the shard weights the running gateways were given
+  int shards_per_gateway = 1;     // the layout of the running gateways (Flags::straitds)
   wanem::LinkTable table;         // what the emulator applies
 
   Cluster() = default;
@@ -173,10 +178,10 @@ std::string Addr(const Setup& s, int region);
 std::string RegionName(int region);
 // A throwaway CA and one certificate per region, in `dir`.
 Status MakeCertificates(const std::string& dir, int regions);
-// The Unix socket of straitd (region, index) of the running generation.
+// The Unix socket of the straitd serving rank `index` of `region` (of the running generation).
 std::string SocketPath(const Cluster& c, int region, int index);
-// Starts one straitd per (region, rank index) with `weights` as allreduce.shard_weights (none
-// when empty: equal shards), after stopping any running set.
+// Starts ranks_per_region / c.shards_per_gateway straitds per region with `weights` as
+// allreduce.shard_weights (none when empty: equal shards), after stopping any running set.
 Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>& weights,
                      Cluster& c);
 
@@ -207,6 +212,7 @@ struct GatewayTimes {
 
 struct RunResult {
   std::string label;
+  int straitds_per_region = 0;  // mesh: the gateway layout's straitds per region
   uint64_t size = 0;   // bytes all-reduced per iteration (the sweep's size)
   std::string codec;   // mesh: the --codec entry
   std::string shards;  // mesh: "weighted", "balanced", "measured" or "even"; ring: ""

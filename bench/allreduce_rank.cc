@@ -221,7 +221,7 @@ int RunMeshRank(const Flags& f) {
   while (!connect_deadline.Expired()) {
     client = localproto::Client::Connect(f.socket, Deadline::AfterSeconds(5),
                                       "bench-r" + std::to_string(f.rank_region),
-                                      static_cast<uint32_t>(f.shard_index));
+                                      static_cast<uint32_t>(f.rank_index));
     if (client.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -165,8 +165,12 @@ std::string FormatTable(const Report& rep) {
       << ", its straitds dial every link\n";
   }
   o << "# sidecar mode: rank i of each region all-reduces its 1/" << f.ranks_per_region
-    << " slice through its own straitd (shard i); the straitds of shard i form the mesh. No "
-       "NCCL here: the intra-region reduce-scatter/all-gather are not run.\n";
+    << " slice through the straitd of shard i ("
+    << (f.straitds.empty() ? "one straitd per rank"
+                           : "--straitds-per-region " + f.straitds +
+                                 ": a straitd serves ranks-per-region/N shards on shared links")
+    << "); the shard-i gateways form the mesh. No NCCL here: the intra-region "
+       "reduce-scatter/all-gather are not run.\n";
   o << "# busbw = algbw x 2(n-1)/n with n = regions (mesh) or all ranks (ring); floor: the "
        "per-pair floor of the row's split (below); busy: emulated links' mean use\n";
   std::snprintf(line, sizeof(line),
@@ -241,7 +245,7 @@ std::string FormatTable(const Report& rep) {
           return 0.0;
         };
         std::snprintf(line, sizeof(line),
-                      "#   per iteration, mean of the %d straitds: request %.1f ms (the rest of "
+                      "#   per iteration, mean of the %d shards' gateways: request %.1f ms (the rest of "
                       "the rank's time: local socket and copies), of it all-reduce %.1f; both "
                       "threads' encode %.1f, decode+reduce %.1f, decode results %.1f, waiting "
                       "for frames %.1f; then waiting for acks %.1f\n",
@@ -360,6 +364,7 @@ Json RunJson(const Report& rep, const RunResult& r) {
   const bool emulated = rep.setup.emulated;
   Json x;
   x["name"] = r.label;
+  if (r.straitds_per_region > 0) x["straitds_per_region"] = r.straitds_per_region;
   x["algorithm"] = r.shards.empty() ? "ring" : "mesh";
   x["codec"] = r.codec;
   x["shards"] = r.shards.empty() ? Json(nullptr) : Json(r.shards);

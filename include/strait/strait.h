@@ -126,6 +126,11 @@ typedef struct strait_host_config_t {
   /* Deadline in milliseconds for creating the comm (rendezvous, links, gateway) and for each
    * all-reduce. Default 60000. */
   int timeout_ms;
+  /* The shard this rank all-reduces through its straitd (one straitd may serve several: its
+   * config's `shards`). -1 (the default): rank when nranks > 1; with nranks 1, $STRAIT_SHARD
+   * when set (a 1-rank comm per process, as the PyTorch hook makes, passes its rank in the
+   * region), else none named: the straitd's only shard. */
+  int shard;
 } strait_host_config_t;
 
 /* Fills *config with the defaults (rank 0, nranks 1, timeout 60 s, every string NULL).

@@ -2,6 +2,7 @@
 // C++ code inside a catch-all, and maps a Status to a strait_result_t through ResultOf (the only
 // mapping). Comm handles are checked against a registry of live comms before they are used, so
 // that a destroyed, foreign or garbage handle is an error, not a crash.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -17,6 +18,7 @@
 #include "api/nccl_backend.h"
 #include "gateway/config.h"
 #include "localproto/policy_grammar.h"
+#include "localproto/protocol.h"
 #include "strait/status.h"
 #include "strait/strait.h"
 #include "strait/types.h"
@@ -29,6 +31,35 @@ struct strait_comm {
 };
 
 namespace strait::api {
+
+// The shard a rank names to its straitd (strait_host_config_t::shard): `given` when >= 0, rank r
+// of a region of several ranks, else $STRAIT_SHARD, else none (localproto::kAnyShard).
+StatusOr<uint32_t> ShardOf(int given, int rank, int nranks, const char* what) {
+  if (given >= 0) {
+    if (given > gateway::kMaxConfigShard) {
+      return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
+                                  "; a shard index is 0.." +
+                                  std::to_string(gateway::kMaxConfigShard) + ", or -1");
+    }
+    return static_cast<uint32_t>(given);
+  }
+  if (given != -1) {
+    return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
+                                "; give a shard index, or -1 (the default) for the rank's");
+  }
+  if (nranks > 1) return static_cast<uint32_t>(rank);
+  const char* env = std::getenv("STRAIT_SHARD");
+  if (env == nullptr || *env == '\0') return localproto::kAnyShard;
+  const std::string text = env;
+  if (text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit) ||
+      std::stoi(text) > gateway::kMaxConfigShard) {
+    return InvalidArgumentError("STRAIT_SHARD is '" + text + "'; it must be a shard index 0.." +
+                                std::to_string(gateway::kMaxConfigShard) +
+                                " (the rank's index in its region), or unset");
+  }
+  return static_cast<uint32_t>(std::stoi(text));
+}
+
 namespace {
 
 constexpr size_t kMaxTensorKeyBytes = 200;
@@ -194,6 +225,9 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
                                 "; it must be positive (milliseconds)");
   }
   o.timeout_ns = int64_t{c->timeout_ms} * 1'000'000;
+  auto shard = ShardOf(c->shard, c->rank, c->nranks, "config->shard");
+  if (!shard.ok()) return shard.status();
+  o.shard = *shard;
   return o;
 }
 
@@ -332,6 +366,7 @@ STRAIT_API_EXPORT strait_result_t strait_host_config_init(strait_host_config_t* 
     config->rank = 0;
     config->nranks = 1;
     config->timeout_ms = 60000;
+    config->shard = -1;
     return STRAIT_SUCCESS;
   });
 }

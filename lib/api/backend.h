@@ -10,6 +10,7 @@
 #define STRAIT_LIB_API_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "strait/status.h"
@@ -18,6 +19,11 @@
 struct CUstream_st;
 
 namespace strait::api {
+
+// The shard a rank names to its straitd (strait_host_config_t::shard; api.cc): `given` when >= 0,
+// `rank` when the region has several ranks, else $STRAIT_SHARD, else none
+// (localproto::kAnyShard). kInvalidArgument naming `what` or STRAIT_SHARD for a bad value.
+StatusOr<uint32_t> ShardOf(int given, int rank, int nranks, const char* what);
 
 class Backend {
  public:

@@ -145,8 +145,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
   // The gateway first: a rank whose straitd is missing fails at once with that reason.
   auto client = localproto::Client::Connect(
       options.gateway, deadline,
-      "strait-api " + options.region + "/rank" + std::to_string(options.rank),
-      static_cast<uint32_t>(options.rank));  // rank r all-reduces shard r
+      "strait-api " + options.region + "/rank" + std::to_string(options.rank), options.shard);
   if (!client.ok()) return client.status().WithContext(me + ": gateway " + options.gateway);
   g.client = std::move(client).value();
   auto policy = g.client->RegisterJob(options.job, options.compression, deadline);
@@ -263,7 +262,7 @@ StatusOr<std::vector<uint8_t>> HostComm::RecoverStep(const Status& failure, Dead
     auto client = localproto::Client::Connect(
         options_.gateway, deadline, "strait-api " + options_.region + "/rank" +
                                         std::to_string(options_.rank) + " (recovery)",
-        static_cast<uint32_t>(options_.rank));
+        options_.shard);
     if (client.ok()) {
       auto policy = (*client)->RegisterJob(options_.job, options_.compression, deadline);
       if (!policy.ok()) return failure.WithContext(policy.status().ToString());

@@ -70,6 +70,8 @@ struct HostCommOptions {
   std::string job;
   std::string compression;  // policy text ("" = the gateway's default)
   int64_t timeout_ns = int64_t{60'000'000'000};
+  // The shard named to the straitd (localproto::kAnyShard: none; see strait_host_config_t).
+  uint32_t shard = 0xFFFFFFFFu;
 };
 
 class HostComm final : public Backend {

@@ -325,8 +325,9 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions& opti
   STRAIT_RETURN_IF_ERROR(NcclError(ncclCommCuDevice(impl->nccl, &impl->device), impl->nccl,
                                    "ncclCommCuDevice on nccl_comm"));
   const Deadline deadline = Deadline::After(options.timeout_ns);
-  auto client = localproto::Client::Connect(options.gateway, deadline, "libstrait-nccl",
-                                            static_cast<uint32_t>(impl->rank));  // shard = rank
+  // Rank r of the region's NCCL comm all-reduces shard r at its straitd.
+  STRAIT_ASSIGN_OR_RETURN(const uint32_t shard, ShardOf(-1, impl->rank, impl->nranks, "shard"));
+  auto client = localproto::Client::Connect(options.gateway, deadline, "libstrait-nccl", shard);
   STRAIT_RETURN_IF_ERROR(
       client.status().WithContext("connecting to the gateway " + options.gateway));
   impl->client = std::move(client).value();

@@ -1,6 +1,9 @@
 // The gateway: what straitd runs. It joins the WAN mesh of the gateways that hold the same shard
 // index in every region, serves the ranks of its node over the local Unix socket, and runs each
-// client all-reduce as collective::AllReduce over NetTransport among those gateways.
+// client all-reduce as collective::AllReduce over NetTransport among those gateways. A gateway
+// may serve several shards ("Multi-shard gateways" in config.h): each runs as described below,
+// behind one socket, port and endpoint, with links shared per peer address (gateway_impl.h,
+// Gateway::Host).
 //
 // Ranks: every region of the config's world (this one and its peers), sorted by name; a
 // region's rank is its index, so every gateway derives the same numbering from its own config.

@@ -209,6 +209,8 @@ struct Gateway::Host {
   std::string MetricsText();
   HttpResponse Readiness();
   void Shutdown(Deadline grace);
+  // Removes and releases the shard lock files taken so far (lock_fds, in config.shards order).
+  void UnlockShards();
 };
 
 struct Gateway::Impl {

@@ -32,9 +32,8 @@ constexpr const char* kLog = "gateway";
 std::string ShardLockPath(const GatewayConfig& config, int shard) {
   const size_t slash = config.local_socket.rfind('/');
   const std::string dir =
-      slash == std::string::npos ? std::string(".") : config.local_socket.substr(0, slash + 1);
-  return (dir.empty() ? std::string("/") : dir) + ".straitd-" + config.region + "-shard-" +
-         std::to_string(shard) + ".lock";
+      slash == std::string::npos ? std::string("./") : config.local_socket.substr(0, slash + 1);
+  return dir + ".straitd-" + config.region + "-shard-" + std::to_string(shard) + ".lock";
 }
 
 // Takes shard `shard`'s lock file (exclusive, not waiting); its descriptor, or the error naming
@@ -262,10 +261,12 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   auto host = std::make_unique<Host>();
   Host* h = host.get();
   h->config = config;
-  for (const int k : config.shards) {
-    auto fd = LockShard(config, k, /*keep=*/true);
+  // A config built in code may set shard_index alone: that is its one shard.
+  if (h->config.shards.size() <= 1) h->config.shards = {config.shard_index};
+  for (const int k : h->config.shards) {
+    auto fd = LockShard(h->config, k, /*keep=*/true);
     if (!fd.ok()) {
-      for (int held : h->lock_fds) ::close(held);
+      h->UnlockShards();
       return fd.status();
     }
     h->lock_fds.push_back(*fd);
@@ -275,9 +276,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
     Host* h;
     bool armed = true;
     ~Unlock() {
-      if (!armed) return;
-      for (int fd : h->lock_fds) ::close(fd);
-      h->lock_fds.clear();
+      if (armed) h->UnlockShards();
     }
   } unlock{h};
 
@@ -288,9 +287,9 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
                             << cp.decode_bytes_per_s / 1e6 << " MB/s, ratio " << cp.ratio
                             << " (measured for policy auto)";
   }
-  for (const int k : config.shards) {
+  for (const int k : h->config.shards) {
     auto shard = std::make_unique<Impl>();
-    shard->Init(config.shards.size() == 1 ? config : config.ForShard(k), h, profiles);
+    shard->Init(h->config.ForShard(k), h, profiles);
     h->shards.push_back(std::move(shard));
   }
 
@@ -322,7 +321,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
   unlock.armed = false;
   STRAIT_RETURN_IF_ERROR(h->ServeSocket());
   STRAIT_RETURN_IF_ERROR(h->StartHttp());
-  STRAIT_LOG(kInfo, kLog) << "serving " << config.Summary() << ", wan port " << h->wan_port;
+  STRAIT_LOG(kInfo, kLog) << "serving " << h->config.Summary() << ", wan port " << h->wan_port;
   return gateway;
 }
 
@@ -380,7 +379,16 @@ void Gateway::Host::Shutdown(Deadline grace) {
   endpoint.reset();
   // The requests still running end now; their replies go out, then every connection closes.
   if (local != nullptr) local->Stop();
-  for (int fd : lock_fds) ::close(fd);
+  UnlockShards();
+}
+
+void Gateway::Host::UnlockShards() {
+  // Removed while still held, so that a clean stop leaves no file behind; a process that opened
+  // the file just before may still lock the removed file, a window of microseconds at a stop.
+  for (size_t i = 0; i < lock_fds.size(); ++i) {
+    ::unlink(ShardLockPath(config, config.shards[i]).c_str());
+    ::close(lock_fds[i]);
+  }
   lock_fds.clear();
 }
 

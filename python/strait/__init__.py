@@ -119,12 +119,14 @@ class Comm:
     $STRAIT_GATEWAY, $STRAIT_JOB_ID, $STRAIT_COMPRESSION. rank/nranks: this rank in its region
     (the same nranks in every region); root_address: "host:port" where rank 0 of the region
     listens while the comm is created (unused when nranks is 1). timeout: seconds, the deadline
-    of creation and of each all-reduce. Creating blocks until the region's ranks joined and the
+    of creation and of each all-reduce. shard: the shard this rank all-reduces at its straitd
+    (one straitd may serve several); None: rank when nranks > 1, else $STRAIT_SHARD, else the
+    straitd's only one. Creating blocks until the region's ranks joined and the
     gateway registered the job. Methods are thread-safe (calls are serialised, in the order every
     rank must agree on)."""
 
     def __init__(self, region=None, rank=0, nranks=1, gateway=None, job_id=None,
-                 compression=None, root_address=None, timeout=60.0):
+                 compression=None, root_address=None, timeout=60.0, shard=None):
         lib = _lib.load()
         self._lib = lib
         self._mu = threading.Lock()
@@ -140,6 +142,11 @@ class Comm:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise StraitError(ERROR_INVALID_ARGUMENT, f"{name} must be an int")
         cfg.rank, cfg.nranks = rank, nranks
+        if shard is not None:
+            if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard <= 4095:
+                raise StraitError(ERROR_INVALID_ARGUMENT,
+                                  f"shard must be an int in 0..4095 or None, not {shard!r}")
+            cfg.shard = shard
         if not (0 < timeout <= 2**31 / 1000):
             raise StraitError(ERROR_INVALID_ARGUMENT, f"timeout must be in (0, 2147483] s, "
                               f"not {timeout}")

@@ -49,6 +49,7 @@ class HostConfig(ctypes.Structure):
         ("job_id", ctypes.c_char_p),
         ("compression", ctypes.c_char_p),
         ("timeout_ms", ctypes.c_int),
+        ("shard", ctypes.c_int),
     ]
 
 

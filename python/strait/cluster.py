@@ -61,11 +61,17 @@ class Gateways:
     127.0.0.1); prefix(r) -> argv prefix that runs a command in the region (default none);
     tls: None, or dict(ca=path, cert=lambda r: path, key=lambda r: path); policy: the [policy]
     section's body; deadline: the [allreduce] deadline; ports: the WAN port of (r, i), default
-    free loopback ports."""
+    free loopback ports. per_gateway: shards each straitd serves (config `shards`): 1 (the
+    default) runs one per shard; k runs shards / k per region, straitd g serving shards
+    g*k .. g*k+k-1 behind one socket. Methods taking (r, i) take a shard i and act on the straitd
+    that serves it."""
 
     def __init__(self, straitd, regions, shards, workdir, address=None, prefix=None, tls=None,
                  policy=DEFAULT_POLICY, deadline="30s", streams=2, ports=None, env=None,
-                 metrics=False):
+                 metrics=False, per_gateway=1):
+        if per_gateway < 1 or shards % per_gateway != 0:
+            raise ValueError(f"per_gateway={per_gateway} must divide shards={shards}")
+        self.per_gateway = per_gateway
         self.straitd, self.regions, self.shards, self.workdir = straitd, regions, shards, workdir
         self.address = address or (lambda r: "127.0.0.1")
         self.prefix = prefix or (lambda r: [])
@@ -85,13 +91,20 @@ class Gateways:
         os.makedirs(workdir, exist_ok=True)
 
     def _base(self, r, i):
-        return os.path.join(self.workdir, f"straitd_{region_name(r)}_{i}")
+        return os.path.join(self.workdir, f"straitd_{region_name(r)}_{i // self.per_gateway}")
+
+    def _first(self, i):
+        """The first shard of the straitd that serves shard i (its key in procs, its port)."""
+        return i - i % self.per_gateway
 
     def socket(self, r, i):
         return self._base(r, i) + ".sock"
 
     def config(self, r, i):
-        t = f'region = "{region_name(r)}"\nshard_index = {i}\n'
+        i = self._first(i)
+        k = self.per_gateway
+        t = f'region = "{region_name(r)}"\n'
+        t += f"shard_index = {i}\n" if k == 1 else f'shards = "{i}-{i + k - 1}"\n'
         t += f'[local]\nsocket = "{self.socket(r, i)}"\nallowed_uids = [{os.getuid()}]\n'
         t += f'[wan]\nlisten = "{self.address(r)}:{self.port(r, i)}"\n'
         t += f'transport = "{"tls" if self.tls else "plain"}"\n'
@@ -100,7 +113,9 @@ class Gateways:
                   f'key = "{self.tls["key"](r)}"\n')
         for p in range(self.regions):
             if p != r:
-                t += f'[peers.{region_name(p)}]\nshard_{i} = "{self.address(p)}:{self.port(p, i)}"\n'
+                t += f"[peers.{region_name(p)}]\n"
+                for s in range(i, i + k):
+                    t += f'shard_{s} = "{self.address(p)}:{self.port(p, i)}"\n'
         t += f"[link]\nstreams = {self.streams}\n"
         t += "[policy]\n" + self.policy
         if self.metrics_port is not None:
@@ -117,14 +132,15 @@ class Gateways:
 
     def start(self, timeout=30.0):
         for r in range(self.regions):
-            for i in range(self.shards):
+            for i in range(0, self.shards, self.per_gateway):
                 self.start_one(r, i)
         for r in range(self.regions):
-            for i in range(self.shards):
+            for i in range(0, self.shards, self.per_gateway):
                 self.wait_ready(r, i, timeout)
         return self
 
     def start_one(self, r, i):
+        i = self._first(i)
         base = self._base(r, i)
         with open(base + ".toml", "w") as f:
             f.write(self.config(r, i))
@@ -139,6 +155,7 @@ class Gateways:
         log.close()
 
     def wait_ready(self, r, i, timeout=30.0):
+        i = self._first(i)
         end = time.monotonic() + timeout
         while "straitd ready" not in self.logs(r, i):
             if self.procs[(r, i)].poll() is not None:
@@ -165,7 +182,7 @@ class Gateways:
         return total
 
     def kill(self, r, i):
-        p = self.procs.get((r, i))
+        p = self.procs.get((r, self._first(i)))
         if p is not None and p.poll() is None:
             p.kill()
             p.wait()

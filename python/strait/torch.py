@@ -7,7 +7,7 @@
 #      (NCCL: reduce_scatter_tensor; gloo, which has none: each rank sends every peer its slice
 #      with isend/irecv and sums its own in rank order; other backends: all_reduce and slice);
 #   2. copy this rank's shard to host memory and all-reduce it across the regions through this
-#      rank's straitd (a 1-rank Strait comm; the straitd's shard_index must be the rank in region,
+#      rank's straitd (a 1-rank Strait comm; the straitd must serve shard r = the rank in region,
 #      so that shard k of every region meets at the straitds of index k); the gateway applies the
 #      job's compression policy and error feedback (residuals kept per bucket key);
 #   3. divide by the world size once, copy back and all-gather the shards inside the region.
@@ -68,7 +68,7 @@ class HierarchicalState:
     """The hook's state: the region group, this rank's Strait comm and the worker thread.
 
     region_group: the torch process group of this rank's region (every region the same size).
-    gateway: the socket of this rank's straitd, whose shard_index is this rank's index in the
+    gateway: the socket of this rank's straitd, which serves shard r = this rank's index in the
     region (None: $STRAIT_GATEWAY). region, job_id, compression: as strait.Comm (None: the
     STRAIT_* variables). timeout: seconds, the deadline of each cross-region step.
     world_size: the divisor of the average (None: the default group's size).
@@ -84,8 +84,9 @@ class HierarchicalState:
             raise StraitError(ERROR_INVALID_ARGUMENT, "this rank is not in region_group")
         self.world_size = world_size if world_size is not None else dist.get_world_size()
         self.backend = str(dist.get_backend(region_group))
+        # Shard r of every region meets at the straitds serving r (one per rank, or one per node).
         self.comm = Comm(region=region, rank=0, nranks=1, gateway=gateway, job_id=job_id,
-                         compression=compression, timeout=timeout)
+                         compression=compression, timeout=timeout, shard=self.region_rank)
         self.steps = 0          # buckets all-reduced
         self.wan_elements = 0   # elements this rank sent across regions (before compression)
         # Seconds the worker spent in each stage, summed over buckets (for benchmarks).

@@ -55,3 +55,15 @@ def gateways(library, straitd, tmp_path_factory):
     g.start()
     yield g
     g.stop()
+
+
+@pytest.fixture(scope="module")
+def node_gateways(library, straitd, tmp_path_factory):
+    """2 regions x ONE straitd serving shards 0 and 1 (config `shards`) on loopback."""
+    from strait import cluster
+    g = cluster.Gateways(straitd, regions=2, shards=2, per_gateway=2,
+                         workdir=str(tmp_path_factory.mktemp("nodegw")), policy=TEST_POLICY,
+                         deadline="20s")
+    g.start()
+    yield g
+    g.stop()

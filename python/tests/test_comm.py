@@ -20,10 +20,13 @@ def job():
     return "pytest-" + uuid.uuid4().hex[:10]
 
 
-def per_region(gateways, fn, shard=0, keep_open=False, timeout=20, **comm_args):
+def per_region(gateways, fn, shard=0, keep_open=False, timeout=20, comm_shard=None,
+               **comm_args):
     """Runs fn(comm, region) in one thread per region, each with a 1-rank comm on the straitd
-    of `shard`; returns the results (or raises the first exception). The comms are closed
-    after fn unless keep_open."""
+    of `shard` (naming comm_shard to it, when given); returns the results (or raises the first
+    exception). The comms are closed after fn unless keep_open."""
+    if comm_shard is not None:
+        comm_args["shard"] = comm_shard
     out, errs = [None, None], []
     comm_args.setdefault("job_id", job())
 
@@ -154,6 +157,44 @@ def test_two_ranks_per_region_through_the_host_backend(gateways):
     want = 4 * torch.arange(9, dtype=torch.float32) + 20 + 200
     for v in out.values():
         assert torch.equal(v, want)
+
+
+def test_one_straitd_serves_both_ranks_of_a_region(node_gateways):
+    # One straitd per region for shards 0 and 1: both ranks of a host-backend comm use its one
+    # socket (each names its rank's shard), and 1-rank comms name theirs with shard=.
+    from strait.cluster import free_ports
+    g = node_gateways
+    assert g.socket(0, 0) == g.socket(0, 1)
+    ports = free_ports(2)
+    j, out, errs = job(), {}, []
+    def run(r, k):
+        try:
+            with strait.Comm(region=f"r{r}", rank=k, nranks=2, gateway=g.socket(r, k),
+                             root_address=f"127.0.0.1:{ports[r]}", job_id=j,
+                             compression="none", timeout=20) as c:
+                x = torch.arange(9, dtype=torch.float32) + 10 * r + 100 * k
+                out[(r, k)] = c.allreduce(x, key="hb")
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+    ts = [threading.Thread(target=run, args=(r, k)) for r in range(2) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errs, errs
+    want = 4 * torch.arange(9, dtype=torch.float32) + 20 + 200
+    for v in out.values():
+        assert torch.equal(v, want)
+    a, b = per_region(g, lambda c, r: c.allreduce(torch.ones(10) * (r + 1), key="s1"),
+                      shard=1, comm_shard=1, compression="none")
+    assert a.tolist() == [3.0] * 10 and torch.equal(a, b)
+    # A 1-rank comm that names no shard cannot use a straitd serving two: the error says so.
+    expect(strait.ERROR_MISMATCH,
+           lambda: per_region(g, lambda c, r: None, compression="none", timeout=5),
+           "must name its shard")
+    with pytest.raises(strait.StraitError) as e:
+        strait.Comm(region="r0", gateway=g.socket(0, 0), job_id=job(), shard=4096)
+    assert e.value.code == strait.ERROR_INVALID_ARGUMENT
 
 
 def expect(code, fn, contains):

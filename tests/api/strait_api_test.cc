@@ -157,6 +157,8 @@ TEST(StraitApi, InitHostRejectsEveryBadArgument) {
       {"config->job_id 'job 1'", [](strait_host_config_t* c) { c->job_id = "job 1"; }},
       {"config->compression 'int9'", [](strait_host_config_t* c) { c->compression = "int9"; }},
       {"config->timeout_ms", [](strait_host_config_t* c) { c->timeout_ms = 0; }},
+      {"config->shard is -2", [](strait_host_config_t* c) { c->shard = -2; }},
+      {"config->shard is 4096", [](strait_host_config_t* c) { c->shard = 4096; }},
   };
   for (const Mutation& m : mutations) {
     ValidConfig cfg;
@@ -185,6 +187,15 @@ TEST(StraitApi, InitHostTakesUnsetFieldsFromTheEnvironment) {
   ::unsetenv("STRAIT_REGION");
   ::unsetenv("STRAIT_JOB_ID");
   ::unsetenv("STRAIT_COMPRESSION");
+  // STRAIT_SHARD (read by a 1-rank comm that names no shard) must be a shard index.
+  ValidConfig one;
+  EXPECT_EQ(one.shard, -1);  // strait_host_config_init's default
+  ::setenv("STRAIT_SHARD", "three", 1);
+  EXPECT_EQ(Init(one), STRAIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("STRAIT_SHARD is 'three'"));
+  ::setenv("STRAIT_SHARD", "3", 1);
+  EXPECT_EQ(Init(one), STRAIT_ERROR_UNAVAILABLE) << LastError();  // valid: the gateway is missing
+  ::unsetenv("STRAIT_SHARD");
 }
 
 // strait_comm_init_nccl checks its arguments before it touches the NCCL communicator, in every

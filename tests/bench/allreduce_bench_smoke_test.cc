@@ -246,6 +246,34 @@ TEST(AllReduceBench, BadSweepAndDtypeFlagsAreUsageErrors) {
   EXPECT_EQ(RunBench({"allreduce", "--dtype", "float16", "--size", "1027"}).code, 2);
 }
 
+// Gateway layouts: 4 ranks per region through 4 straitds, then 2, then 1 per region (each
+// serving 1, 2 or 4 shards behind one socket): one verified row each, the rows named by layout.
+TEST(AllReduceBench, StraitdsPerRegionRunOneVerifiedRowPerLayout) {
+  const auto r = RunBench({"allreduce", "--loopback", "--regions", "2", "--ranks-per-region",
+                           "4", "--straitds-per-region", "4/2/1", "--size", "1MiB", "--iters",
+                           "2", "--codec", "int8", "--straitd", STRAITD_BINARY, "--timeout", "30",
+                           "--json"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["runs"].size(), 3u) << j;
+  const int layouts[] = {4, 2, 1};
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& run = j["runs"][k];
+    EXPECT_EQ(run["straitds_per_region"], layouts[k]) << run;
+    EXPECT_NE(run["name"].get<std::string>().find(std::to_string(layouts[k]) + " straitd"),
+              std::string::npos)
+        << run;
+    EXPECT_EQ(run["wrong"], 0) << run;
+    EXPECT_EQ(run["identical"], true) << run;
+    ASSERT_EQ(run["gateway_phases_ms"].size(), 8u) << run;  // one per (region, shard)
+  }
+  EXPECT_EQ(RunBench({"allreduce", "--loopback", "--ranks-per-region", "4",
+                      "--straitds-per-region", "3"})
+                .code,
+            2);
+}
+
 TEST(AllReduceBench, BadFlagsAreUsageErrors) {
   EXPECT_EQ(RunBench({"allreduce", "--baseline", "tree"}).code, 2);
   EXPECT_EQ(RunBench({"allreduce", "--regions", "1"}).code, 2);

@@ -98,6 +98,30 @@ def check_kustomization(kdir, files, run_kubectl=True):
     return bad
 
 
+def render_daemonset(script, straitd, template, shards, node):
+    """Runs the DaemonSet's render-config script with its paths moved into a scratch directory
+    and `straitd` on PATH; returns (exit status, output, the rendered config)."""
+    with tempfile.TemporaryDirectory() as d:
+        tdir, edir, bindir = (os.path.join(d, x) for x in ("template", "etc", "bin"))
+        for x in (tdir, edir, bindir):
+            os.makedirs(x)
+        with open(os.path.join(tdir, "straitd.toml"), "w") as f:
+            f.write(template)
+        with open(os.path.join(tdir, "shards"), "w") as f:
+            f.write(shards)
+        os.symlink(os.path.abspath(straitd), os.path.join(bindir, "straitd"))
+        s = script.replace("/etc/strait-template", tdir).replace("/etc/strait/", edir + "/")
+        if s.startswith("sh -c "):
+            s = s[len("sh -c "):]
+        env = dict(os.environ, NODE_NAME=node, PATH=bindir + ":" + os.environ.get("PATH", ""))
+        r = subprocess.run(["sh", "-c", s], env=env, capture_output=True, text=True, timeout=30)
+        rendered = ""
+        if os.path.exists(os.path.join(edir, "straitd.toml")):
+            with open(os.path.join(edir, "straitd.toml")) as f:
+                rendered = f.read()
+        return r.returncode, (r.stdout + r.stderr).strip(), rendered
+
+
 def check_config(straitd, text, name):
     """Runs straitd --check-config on `text`; returns (exit status, output)."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -345,7 +369,25 @@ def main():
           "DaemonSet render-config or ConfigMap lacks the node -> shard map `shards`")
     for line in cm["data"].get("shards", "").splitlines():
         parts = line.split()
-        check(len(parts) == 2 and parts[1].isdigit(), f"ConfigMap shards: bad line {line!r}")
+        check(len(parts) == 2 and re.fullmatch(r"\d+(-\d+)?", parts[1]) is not None,
+              f"ConfigMap shards: bad line {line!r}")
+    # The render script itself, run here on the ConfigMap's text: a node with a range of shards
+    # gets `shards = "a-b"` and no table of its own region's gateways, one with an index keeps
+    # both; each result passes --check-config, and a node without a line fails.
+    region = config["region"]
+    for node, want, own_table in (("n-range", 'shards = "0-1"', False),
+                                  ("n-one", "shard_index = 1", True)):
+        rc, out, rendered = render_daemonset(ds_script, straitd, text,
+                                             "n-range 0-1\nn-one 1\n", node)
+        if check(rc == 0, f"DaemonSet render-config fails for node {node}: {out}"):
+            check(want in rendered.splitlines(),
+                  f"DaemonSet render-config for {node}: no line {want!r} in:\n{rendered}")
+            check((f"[peers.{region}]" in rendered) == own_table,
+                  f"DaemonSet render-config for {node}: [peers.{region}] "
+                  f"{'dropped' if own_table else 'kept'}:\n{rendered}")
+    rc, out, _ = render_daemonset(ds_script, straitd, text, "n-range 0-1\n", "n-missing")
+    check(rc != 0 and "has no line" in out,
+          f"DaemonSet render-config passes for a node without a shards line (rc {rc}): {out}")
 
     svc = services["straitd"][1]
     pool_labels = ss["spec"]["template"]["metadata"]["labels"]
