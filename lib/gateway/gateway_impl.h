@@ -188,6 +188,10 @@ struct Gateway::Host {
   std::map<std::string, std::deque<std::shared_ptr<net::Link>>> accepted;
   bool shut_down = false;
 
+  // Stops the local server, then ends each shard's tunnel service while the local loop it runs
+  // on still exists (its timers belong to that loop), then the rest.
+  ~Host();
+
   // The shard's state, or null when this gateway does not serve shard `k`.
   Impl* Shard(uint32_t k) const;
   // A handle on the link to peer region `region` at `addr` for shard `k` (its channel block):

@@ -392,6 +392,12 @@ void Gateway::Host::UnlockShards() {
   lock_fds.clear();
 }
 
+Gateway::Host::~Host() {
+  if (local != nullptr) local->Stop();
+  for (const auto& s : shards) s->tunnels.reset();
+  local.reset();
+}
+
 Gateway::Gateway(std::unique_ptr<Host> host) : host_(std::move(host)) {}
 
 Gateway::~Gateway() { Shutdown(Deadline::After(host_->config.shutdown_grace_ns)); }
