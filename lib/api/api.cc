@@ -32,34 +32,6 @@ struct strait_comm {
 
 namespace strait::api {
 
-// The shard a rank names to its straitd (strait_host_config_t::shard): `given` when >= 0, rank r
-// of a region of several ranks, else $STRAIT_SHARD, else none (localproto::kAnyShard).
-StatusOr<uint32_t> ShardOf(int given, int rank, int nranks, const char* what) {
-  if (given >= 0) {
-    if (given > gateway::kMaxConfigShard) {
-      return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
-                                  "; a shard index is 0.." +
-                                  std::to_string(gateway::kMaxConfigShard) + ", or -1");
-    }
-    return static_cast<uint32_t>(given);
-  }
-  if (given != -1) {
-    return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
-                                "; give a shard index, or -1 (the default) for the rank's");
-  }
-  if (nranks > 1) return static_cast<uint32_t>(rank);
-  const char* env = std::getenv("STRAIT_SHARD");
-  if (env == nullptr || *env == '\0') return localproto::kAnyShard;
-  const std::string text = env;
-  if (text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit) ||
-      std::stoi(text) > gateway::kMaxConfigShard) {
-    return InvalidArgumentError("STRAIT_SHARD is '" + text + "'; it must be a shard index 0.." +
-                                std::to_string(gateway::kMaxConfigShard) +
-                                " (the rank's index in its region), or unset");
-  }
-  return static_cast<uint32_t>(std::stoi(text));
-}
-
 namespace {
 
 constexpr size_t kMaxTensorKeyBytes = 200;
@@ -352,6 +324,35 @@ strait_result_t Publish(std::unique_ptr<Backend> backend, strait_comm_t* comm) {
 }
 
 }  // namespace
+
+// The shard a rank names to its straitd (strait_host_config_t::shard): `given` when >= 0, rank r
+// of a region of several ranks, else $STRAIT_SHARD, else none (localproto::kAnyShard).
+StatusOr<uint32_t> ShardOf(int given, int rank, int nranks, const char* what) {
+  if (given >= 0) {
+    if (given > gateway::kMaxConfigShard) {
+      return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
+                                  "; a shard index is 0.." +
+                                  std::to_string(gateway::kMaxConfigShard) + ", or -1");
+    }
+    return static_cast<uint32_t>(given);
+  }
+  if (given != -1) {
+    return InvalidArgumentError(std::string(what) + " is " + std::to_string(given) +
+                                "; give a shard index, or -1 (the default) for the rank's");
+  }
+  if (nranks > 1) return static_cast<uint32_t>(rank);
+  const std::optional<std::string> env = ArgOrEnv(nullptr, "STRAIT_SHARD");
+  if (!env || env->empty()) return localproto::kAnyShard;
+  const std::string& text = *env;
+  if (text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit) ||
+      std::stoi(text) > gateway::kMaxConfigShard) {
+    return InvalidArgumentError("STRAIT_SHARD is '" + text + "'; it must be a shard index 0.." +
+                                std::to_string(gateway::kMaxConfigShard) +
+                                " (the rank's index in its region), or unset");
+  }
+  return static_cast<uint32_t>(std::stoi(text));
+}
+
 }  // namespace strait::api
 
 using strait::api::BadArgument;
