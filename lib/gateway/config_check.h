@@ -23,6 +23,12 @@ namespace strait::gateway {
 // The options of the gateway's WAN endpoint (what Gateway::Start creates it with).
 net::EndpointOptions EndpointOptionsOf(const GatewayConfig& config);
 
+// The configs of one deployment together (`straitd --check-config a.toml b.toml ...`), each
+// already valid alone: kInvalidArgument naming the file, the key and the fix when a shard of a
+// region is served by two configs, both regions of a pair are dial-only, a dial-only region
+// is not marked by a peer (or a marked one does not dial), or shard weights differ. config_set.cc.
+Status CheckConfigSet(const std::vector<GatewayConfig>& configs);
+
 // Checks, under TLS: the CA, certificate and key files load, the key is the certificate's, the
 // certificate names `region`; always: the kernel offers link.congestion_control. Appends to
 // `warnings` what does not stop a start but should be fixed: a private key that others may read

@@ -259,6 +259,15 @@ TEST_F(StraitdMultiShard, RefusesClientsWithoutOrWithAnotherShardAndASecondProce
     EXPECT_NE(second.err.find("(pid " + std::to_string(pids_[0])), std::string::npos)
         << second.err;
   }
+  // The two configs checked together: shard 1 of region b in both.
+  {
+    const strait::test::CapturedRun both =
+        run({"--syntax-only", "--check-config", Path("b.toml"), Path("b1.toml")});
+    EXPECT_EQ(both.code, 2) << both.out << both.err;
+    EXPECT_NE(both.err.find("shards: shard 1 of region b is also served by " + Path("b.toml")),
+              std::string::npos)
+        << both.err;
+  }
   // The running config's own check passes: the lock's holder is that very straitd.
   {
     const strait::test::CapturedRun own = run({"--check-config", Path("b.toml")});

@@ -107,12 +107,15 @@ std::optional<strait::gateway::GatewayConfig> LoadCheckedConfig(const std::strin
 int main(int argc, char** argv) {
   CLI::App app{"straitd: Strait region gateway"};
   strait::cli::AddVersionFlag(app, "straitd");
-  std::string config_file, check_file, log_level, log_format;
+  std::string config_file, log_level, log_format;
+  std::vector<std::string> check_files;
   app.add_option("--config", config_file, "gateway config file (TOML)");
   bool syntax_only = false;
   CLI::Option* check = app.add_option(
-      "--check-config", check_file,
-      "validate a config file and the TLS files and kernel features it names, then exit");
+      "--check-config", check_files,
+      "validate a config file and the TLS files and kernel features it names, then exit; "
+      "several files (a deployment's gateways) are also checked against each other: a shard "
+      "served twice in a region, dial-only pairs, shard weights");
   app.add_flag("--syntax-only", syntax_only,
                "with --check-config: check the file's text only, not the files it names (CI, "
                "or an init container before the TLS Secret is mounted)")
@@ -122,11 +125,19 @@ int main(int argc, char** argv) {
                  "text (default) or json (one object per line: ts, level, subsystem, msg)");
   if (std::optional<int> done = strait::cli::Parse(app, argc, argv, "straitd")) return *done;
 
-  if (!check_file.empty()) {
-    const std::optional<strait::gateway::GatewayConfig> config =
-        LoadCheckedConfig(check_file, /*log_warnings=*/false, syntax_only);
-    if (!config) return strait::kExitUsage;
-    std::printf("config OK: %s\n", config->Summary().c_str());
+  if (!check_files.empty()) {
+    std::vector<strait::gateway::GatewayConfig> configs;
+    for (const std::string& file : check_files) {
+      const std::optional<strait::gateway::GatewayConfig> config =
+          LoadCheckedConfig(file, /*log_warnings=*/false, syntax_only);
+      if (!config) return strait::kExitUsage;
+      configs.push_back(*config);
+    }
+    if (strait::Status s = strait::gateway::CheckConfigSet(configs); !s.ok()) {
+      std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+      return strait::kExitUsage;
+    }
+    for (const auto& config : configs) std::printf("config OK: %s\n", config.Summary().c_str());
     return 0;
   }
   if (config_file.empty()) {
