@@ -172,7 +172,10 @@ Status AllReduceService::Prepare(const Message& request, const Admission& a, con
   req.dtype = request.dtype;
   req.op = request.op;
   req.count = static_cast<size_t>(request.count);
-  req.data = reply.data.data();
+  // kAllReduceShm: the tensor lies in the rank's shared region and is reduced there in place;
+  // the reply carries no data.
+  req.data = request.type == MessageType::kAllReduceShm ? request.shm_data.data()
+                                                         : reply.data.data();
   req.feedback = &feedback_;
   req.shard_weights = g_.config.ShardWeights();  // empty (equal shards) unless configured
   req.deadline = a.deadline;
@@ -341,8 +344,10 @@ Message AllReduceService::Reply(const Message& request, const Admission& a, cons
   }
   // Kept until the job's next step commits: what a rank whose gateway dies before it read this
   // reply gets back from the other regions (HandleFetch).
-  g_.peer_control.results.Keep(GenerationKey(request.job, request.scope), request.generation,
-                               request.sequence, reply.data);
+  g_.peer_control.results.Keep(
+      GenerationKey(request.job, request.scope), request.generation, request.sequence,
+      request.type == MessageType::kAllReduceShm ? std::span<const uint8_t>(request.shm_data)
+                                                 : std::span<const uint8_t>(reply.data));
   // The shard split (elements per owner, in rank order), e.g. "int8 shards=400,300,300".
   if (auto plan =
           collective::MakePlan(collective::PlanFor(op.req, static_cast<int>(g_.world.size())));

@@ -57,6 +57,7 @@ Message Gateway::Impl::Handle(Message& request) {
     }
     case MessageType::kRegisterJob: return HandleRegister(request);
     case MessageType::kAllReduce:
+    case MessageType::kAllReduceShm:
     case MessageType::kRegionAllReduce:
     case MessageType::kAllReduceFrame: return allreduce.Handle(request);
     case MessageType::kJoinJob: return HandleJoin(request);
@@ -69,7 +70,8 @@ Message Gateway::Impl::Handle(Message& request) {
          << "\nbad_requests " << bad_requests << "\nrefused_requests " << refused_requests
          << "\nallreduce_ok " << c.ok << "\nallreduce_failed " << c.failed << "\njoin_failed "
          << join_failed << "\nbytes_sent " << c.bytes_sent << "\nbytes_received "
-         << c.bytes_received << "\nin_flight " << in_flight << "\n";
+         << c.bytes_received << "\nin_flight " << in_flight << "\nshm_regions " << shm_regions
+         << "\n";
       // Time of the successful all-reduces (collective::AllReduceStats, summed over both of
       // each operation's threads).
       os << "handle_ns " << c.handle_ns << "\nallreduce_ns " << c.allreduce_ns << "\nencode_ns "

@@ -239,6 +239,7 @@ struct Gateway::Impl {
   std::atomic<uint64_t> connections{0}, refused_connections{0}, bad_requests{0};
   std::atomic<uint64_t> refused_requests{0};  // requests for a job of another uid
   std::atomic<uint64_t> join_failed{0};  // kJoinJob requests that failed (e.g. a region missing)
+  std::atomic<int64_t> shm_regions{0};   // ranks' shared regions mapped now (the process's)
 
   int RankOf(const std::string& region) const {
     auto it = std::find(world.begin(), world.end(), region);

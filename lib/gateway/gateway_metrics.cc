@@ -110,7 +110,8 @@ void Gateway::Impl::RecordAllReduce(const Message& request, const Status& status
   metrics.Add("strait_allreduce_wan_received_bytes_total", job,
               static_cast<double>(stats.bytes_received));
   RecordPeerWaits(stats);
-  if ((request.type != MessageType::kAllReduce && request.type != MessageType::kAllReduceFrame) ||
+  if ((request.type != MessageType::kAllReduce && request.type != MessageType::kAllReduceShm &&
+       request.type != MessageType::kAllReduceFrame) ||
       world.size() < 2) {
     return;
   }

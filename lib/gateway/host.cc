@@ -251,7 +251,8 @@ Status Gateway::Host::ServeSocket() {
   Impl& first = *shards.front();
   auto server = LocalServer::Start(
       std::move(options), std::move(hooks),
-      {&first.connections, &first.refused_connections, &first.bad_requests});
+      {&first.connections, &first.refused_connections, &first.bad_requests,
+       &first.shm_regions});
   if (!server.ok()) return server.status();
   local = std::move(server).value();
   return Status::Ok();

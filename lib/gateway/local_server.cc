@@ -25,6 +25,7 @@
 
 #include "common/endian.h"
 #include "common/log.h"
+#include "localproto/shm.h"
 #include "net/accept_pause.h"
 
 namespace strait::gateway {
@@ -141,6 +142,9 @@ class LocalServer::Core {
   const LocalServerOptions& options() const { return options_; }
   const LocalServerHooks& hooks() const { return hooks_; }
   void CountBadRequest() { ++*counters_.bad_requests; }
+  void CountShmRegion(int delta) {
+    if (counters_.shm_regions != nullptr) *counters_.shm_regions += delta;
+  }
   bool stopping() const { return stopping_; }
   WorkerPool& workers() { return workers_; }
   void Forget(std::list<std::shared_ptr<Connection>>::iterator it) {
@@ -302,6 +306,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     greeted_ = true;
     request_.client_uid = uid_;
+    if (request_.type == MessageType::kAttachShm) return AttachShm();
+    if (request_.type == MessageType::kAllReduceShm) {
+      // The descriptor is checked against this connection's own region before anything runs:
+      // a rank can name nothing but its own pages. Refused (marker 0): the step is not used.
+      StatusOr<std::span<uint8_t>> slice =
+          shm_ == nullptr
+              ? StatusOr<std::span<uint8_t>>(FailedPreconditionError(
+                    "all-reduce-shm on a connection without a shared region; attach one first "
+                    "(attach-shm)"))
+              : shm_->Slice(request_.shm_offset,
+                            request_.count * DataTypeSize(request_.dtype));
+      if (!slice.ok()) {
+        core_.CountBadRequest();
+        Message refused = Reply(request_.type, slice.status());
+        refused.data = {0};
+        return Write(std::move(refused));
+      }
+      request_.shm_data = *slice;
+    }
     if (!hooks.may_block(request_.type)) return Write(hooks.handle(request_));
     core_.workers().Post([self = shared_from_this()] {
       Message reply = self->core_.hooks().handle(self->request_);
@@ -339,6 +362,51 @@ class Connection : public std::enable_shared_from_this<Connection> {
                         self->reply_.data.clear();
                         self->ReadLength();
                       });
+  }
+
+  // kAttachShm: the memfd comes as one byte with SCM_RIGHTS right after the frame (shm.h); it
+  // replaces the connection's region once it checks out. Under the I/O timeout.
+  void AttachShm() {
+    if (shm_ != nullptr) core_.CountShmRegion(-1);
+    shm_.reset();
+    ArmTimer(std::chrono::nanoseconds(core_.options().io_timeout_ns));
+    WaitForFd(request_.shm_bytes);
+  }
+
+  void WaitForFd(uint64_t bytes) {
+    socket_.async_wait(asio::socket_base::wait_read,
+                       [self = shared_from_this(), bytes](const asio::error_code& ec) {
+                         self->OnFdReadable(ec, bytes);
+                       });
+  }
+
+  void OnFdReadable(const asio::error_code& ec, uint64_t bytes) {
+    if (closed_) return;
+    if (ec) {
+      StopTimer();
+      if (timed_out_) {
+        return Fail(DeadlineExceededError(
+            "local socket: attach-shm was not followed by its memfd (one byte with SCM_RIGHTS) "
+            "in time"));
+      }
+      return Close();
+    }
+    StatusOr<int> fd = localproto::ReceiveFd(socket_.native_handle());
+    if (fd.ok() && *fd < 0) return WaitForFd(bytes);  // woken without the byte: wait on
+    StopTimer();
+    if (!fd.ok() && fd.status().code() == StatusCode::kUnavailable) return Close();
+    StatusOr<std::unique_ptr<localproto::ShmRegion>> region =
+        fd.ok() ? localproto::ShmRegion::Adopt(*fd, bytes)
+                : StatusOr<std::unique_ptr<localproto::ShmRegion>>(fd.status());
+    if (!region.ok()) {
+      core_.CountBadRequest();
+      STRAIT_LOG(kWarn, kLog) << "refused a shared region of uid " << uid_ << ": "
+                              << region.status();
+      return Write(Reply(MessageType::kAttachShm, region.status()));
+    }
+    shm_ = std::move(region).value();
+    core_.CountShmRegion(+1);
+    Write(Reply(MessageType::kAttachShm, Status::Ok()));
   }
 
   // The framing is broken (oversized, truncated, too slow): say so and drop the connection.
@@ -380,6 +448,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     closed_ = true;
     StopTimer();
+    // A request still running holds `self`, so the region outlives it; unmapped with the
+    // connection (a killed rank's too).
+    if (shm_ != nullptr) core_.CountShmRegion(-1);
     asio::error_code ignored;
     socket_.close(ignored);
     core_.Forget(self_);
@@ -396,6 +467,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Message request_;
   Message reply_;
   std::vector<uint8_t> head_;
+  // The client's shared region (kAttachShm), if any: kAllReduceShm descriptors point into it.
+  std::unique_ptr<localproto::ShmRegion> shm_;
   bool greeted_ = false;
   bool busy_ = false;  // a request runs or its reply (or an error reply) is going out
   bool timed_out_ = false;

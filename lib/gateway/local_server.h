@@ -86,6 +86,7 @@ struct LocalServerCounters {
   std::atomic<uint64_t>* connections = nullptr;  // admitted
   std::atomic<uint64_t>* refused = nullptr;      // refused at accept (credentials)
   std::atomic<uint64_t>* bad_requests = nullptr; // broken frames, undecodable or out-of-order
+  std::atomic<int64_t>* shm_regions = nullptr;    // shared regions mapped now (kAttachShm)
 };
 
 class LocalServer {

@@ -178,7 +178,29 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
           : Deadline::After(deadline.RemainingNanos() +
                             std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  ShmRegion* region = nullptr;
+  if (type == MessageType::kAllReduce) {
+    Status attach;
+    region = RegionFor(bytes, reply_by, &attach);
+    if (!attach.ok()) return attach;
+  }
   STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
+  if (region != nullptr) {
+    // Only the descriptor crosses the socket; the gateway reduces the region in place. The
+    // caller's buffer is written only on success, as on the socket path.
+    std::memcpy(region->data(), data, bytes);
+    m.type = MessageType::kAllReduceShm;
+    m.shm_offset = 0;
+    Status sent = WriteMessage(fd_, m, reply_by);
+    if (!sent.ok()) {
+      broken_ = true;
+      return Finished(job, sent, false);
+    }
+    bool refused = false;
+    Status read = ReadAllReduceReply(m.type, nullptr, 0, reply_by, &refused);
+    if (read.ok()) std::memcpy(data, region->data(), bytes);
+    return Finished(job, std::move(read), refused);
+  }
   // The tensor goes out straight from the caller's buffer and the result comes back straight
   // into it: no tensor-sized buffer is allocated (and faulted in) per call on this side.
   auto encoded = EncodeMessageHead(m, bytes);
@@ -196,6 +218,56 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   bool refused = false;
   Status read = ReadAllReduceReply(type, data, bytes, reply_by, &refused);
   return Finished(job, std::move(read), refused);
+}
+
+void Client::UseSharedMemory(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shm_off_ = !on;
+  if (!on) shm_.reset();
+}
+
+size_t Client::shared_region_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shm_ == nullptr ? 0 : shm_->size();
+}
+
+ShmRegion* Client::RegionFor(size_t bytes, Deadline deadline, Status* error) {
+  if (shm_off_ || bytes < kShmMinBytes || bytes > kMaxShmBytes) return nullptr;
+  if (shm_ == nullptr || shm_->size() < bytes) {
+    *error = AttachLocked(bytes, deadline);
+    if (!error->ok()) return nullptr;
+  }
+  return shm_.get();
+}
+
+Status Client::AttachLocked(size_t bytes, Deadline deadline) {
+  // Doubling up to the tensor, so that a model whose buckets grow attaches a few times only.
+  size_t size = shm_ == nullptr ? bytes : std::max(bytes, std::min<size_t>(2 * shm_->size(),
+                                                                           kMaxShmBytes));
+  shm_.reset();
+  auto region = ShmRegion::Create(size);
+  if (!region.ok()) {  // no memfd here: the socket still works
+    shm_off_ = true;
+    return Status::Ok();
+  }
+  Message m;
+  m.type = MessageType::kAttachShm;
+  m.shm_bytes = size;
+  Status s = WriteMessage(fd_, m, deadline);
+  if (s.ok()) s = SendFd(fd_, (*region)->fd(), deadline);
+  if (!s.ok()) {
+    broken_ = true;
+    return s;
+  }
+  StatusOr<Message> reply = ReadReply(MessageType::kAttachShm, deadline);
+  if (!reply.ok()) return reply.status();  // ReadReply marked the connection broken
+  if (reply->code != StatusCode::kOk) {
+    // An older gateway (unknown type) or one that refuses the region: the socket carries on.
+    shm_off_ = true;
+    return Status::Ok();
+  }
+  shm_ = std::move(region).value();
+  return Status::Ok();
 }
 
 Status Client::ReadAllReduceReply(MessageType type, void* data, size_t bytes, Deadline deadline,

@@ -25,6 +25,7 @@
 
 #include "common/clock.h"
 #include "localproto/protocol.h"
+#include "localproto/shm.h"
 #include "strait/status.h"
 #include "strait/types.h"
 
@@ -69,6 +70,15 @@ class Client {
   // (the call fails with kDataLoss, kUnavailable or kDeadlineExceeded; reconnect).
   Status AllReduce(const std::string& job, const std::string& tensor_key, DataType dtype,
                    ReduceOp op, void* data, size_t count, Deadline deadline);
+
+  // Whether all-reduces of kShmMinBytes and more move through a shared region (shm.h) instead of
+  // the socket: on by default. The first such all-reduce attaches a region (grown by attaching
+  // a larger one when a larger tensor comes); a gateway that refuses regions (an older one)
+  // turns it off for this client, which then keeps using the socket. Results are the same
+  // either way.
+  void UseSharedMemory(bool on);
+  // The bytes of the shared region attached now (0: none; the socket carries the tensors).
+  size_t shared_region_bytes();
 
   // The region all-reduce (CollNet mode): like AllReduce, but the gateways of this region first
   // reduce-scatter the tensor among themselves over the LAN, each all-reduces its shard across
@@ -132,9 +142,17 @@ class Client {
   // never used it) gives its step number back.
   Status Finished(const std::string& job, Status s, bool refused);
 
+  // kAttachShm of a region of at least `bytes` (shm_ replaced). A gateway's refusal turns
+  // shared memory off (shm_off_) and returns OK; a transport failure breaks the connection.
+  Status AttachLocked(size_t bytes, Deadline deadline);
+  // The region AllReduceAs uses for `bytes` now, or null: the socket carries the tensor.
+  ShmRegion* RegionFor(size_t bytes, Deadline deadline, Status* error);
+
   std::mutex mu_;
   int fd_ = -1;
   bool broken_ = false;
+  std::unique_ptr<ShmRegion> shm_;
+  bool shm_off_ = false;
   std::map<std::string, Session> sessions_;
 };
 

@@ -125,7 +125,7 @@ std::optional<StatusCode> StatusCodeFromWire(uint64_t raw) noexcept {
 
 bool IsRequestType(uint8_t raw) noexcept {
   return (raw >= static_cast<uint8_t>(MessageType::kHello) &&
-          raw <= static_cast<uint8_t>(MessageType::kFetchResult));
+          raw <= static_cast<uint8_t>(MessageType::kAllReduceShm));
 }
 
 bool IsMessageType(uint8_t raw) noexcept {
@@ -141,6 +141,8 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kAllReduceFrame: return "all-reduce-frame";
     case MessageType::kJoinJob: return "join-job";
     case MessageType::kFetchResult: return "fetch-result";
+    case MessageType::kAttachShm: return "attach-shm";
+    case MessageType::kAllReduceShm: return "all-reduce-shm";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
     case MessageType::kTunnelListen: return "tunnel-listen";
@@ -198,6 +200,29 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       carries_data = true;
       break;
     }
+    case MessageType::kAllReduceShm: {
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
+      STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
+      const size_t elem = DataTypeSize(m.dtype);
+      if (elem == 0 || m.count > kMaxShmBytes / elem) {
+        return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) +
+                                    " elements is larger than a shared region may be");
+      }
+      w.Str(m.job);
+      w.Str(m.tensor_key);
+      w.U8(static_cast<uint8_t>(m.dtype));
+      w.U8(static_cast<uint8_t>(m.op));
+      w.U64(m.count);
+      w.U32(m.timeout_ms);
+      w.U64(m.generation);
+      w.U64(m.sequence);
+      w.U64(m.scope);
+      w.U64(m.shm_offset);
+      break;
+    }
+    case MessageType::kAttachShm:
+      w.U64(m.shm_bytes);
+      break;
     case MessageType::kAllReduceFrame:
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
       STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
@@ -354,6 +379,38 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       r.RestInto(&m.data);
       break;
     }
+    case MessageType::kAllReduceShm: {
+      m.job = r.Str("job", kMaxNameBytes, true);
+      m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
+      const uint8_t dtype = static_cast<uint8_t>(r.Le(1, "dtype"));
+      const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
+      m.count = r.Le(8, "count");
+      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
+      m.generation = r.Le(8, "generation");
+      m.sequence = r.Le(8, "sequence");
+      m.scope = r.Le(8, "scope");
+      m.shm_offset = r.Le(8, "offset");
+      if (!r.status().ok()) break;
+      if (!IsValidDataType(dtype)) {
+        return InvalidArgumentError("all-reduce-shm dtype " + std::to_string(dtype) +
+                                    " is not a known data type");
+      }
+      if (!IsValidReduceOp(op)) {
+        return InvalidArgumentError("all-reduce-shm op " + std::to_string(op) +
+                                    " is not a known reduction (sum, prod, max, min, avg)");
+      }
+      m.dtype = static_cast<DataType>(dtype);
+      m.op = static_cast<ReduceOp>(op);
+      if (m.count > kMaxShmBytes / DataTypeSize(m.dtype)) {
+        return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) + " " +
+                                    DataTypeName(m.dtype) +
+                                    " elements is larger than a shared region may be");
+      }
+      break;
+    }
+    case MessageType::kAttachShm:
+      m.shm_bytes = r.Le(8, "bytes");
+      break;
     case MessageType::kAllReduceFrame: {
       m.job = r.Str("job", kMaxNameBytes, true);
       m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);

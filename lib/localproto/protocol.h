@@ -52,6 +52,13 @@
 //                 restarted one). Reply data: what that all-reduce's reply carried (the tensor,
 //                 or the result frame); kNotFound when no region committed the step (it failed
 //                 everywhere). Each gateway keeps the last committed step per (job, scope).
+//   kAttachShm (14) u64 bytes, then (after the frame, as its own send) one byte carrying a
+//                 memfd in SCM_RIGHTS: the connection's shared-memory region (see "Shared
+//                 memory" below). Reply: no data. Attaching again replaces the region.
+//   kAllReduceShm (15) the fields of kAllReduce, u64 offset, no data: kAllReduce on the
+//                 count x dtype size bytes at `offset` of the connection's region, reduced in
+//                 place there; the reply (kReply to kAllReduceShm) carries no data on success
+//                 (its text as kAllReduce's) and the same refusal marker on error.
 //   Tunnels (see "Tunnels" below):
 //   kTunnelListen  (nothing)
 //   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
@@ -78,6 +85,19 @@
 // its step was used (not registered, another uid's job, a bad frame, shutting down): the comm may
 // issue the same step again. Any other error reply (no data, or a byte 1) means the step failed
 // in every region: the comm must join a new generation (localproto::Client does so by itself).
+//
+// Shared memory (shm.h): a rank may move its all-reduce tensors through a memfd it shares with
+// straitd instead of the socket. It creates the memfd, seals it against shrinking
+// (F_SEAL_SHRINK; a gateway refuses an unsealed one, or anything that is not a memfd, with
+// kInvalidArgument), sends kAttachShm with the size and then the fd, and then issues
+// kAllReduceShm descriptors. A descriptor that does not lie inside the region is refused
+// (kInvalidArgument, refusal marker 0) before anything is read or written; kAllReduceShm on a
+// connection without a region gets kFailedPrecondition "attach a shared region first". The
+// region is the connection's alone and is unmapped when the connection closes (a killed rank's
+// too). A gateway that refuses a region (an error reply to kAttachShm) leaves the connection
+// usable: clients then keep using the socket. One that predates these types answers "unknown
+// local message type 14" and loses the framing: use a library and straitd of one release (or
+// turn shared memory off in the client, Client::UseSharedMemory).
 //
 // Tunnels: a point-to-point byte-message pipe between a rank here and a rank in another region,
 // carried by the two regions' gateways that hold the same shard index (the NCCL plugin's
@@ -139,6 +159,9 @@ inline constexpr size_t kFrameLengthBytes = 4;
 // The default cap on one frame's body; a gateway may configure less, never more.
 inline constexpr uint32_t kDefaultMaxMessageBytes = 256u << 20;
 inline constexpr size_t kMaxNameBytes = 256;     // job ids, tensor keys, client names
+// The largest shared region a gateway maps for one connection (kAttachShm), and so the largest
+// tensor of one kAllReduceShm.
+inline constexpr uint64_t kMaxShmBytes = uint64_t{1} << 30;
 inline constexpr size_t kMaxPolicyBytes = 256;
 inline constexpr size_t kMaxReplyTextBytes = 16384;
 // A hello's client_shard when the client names no shard.
@@ -165,6 +188,8 @@ enum class MessageType : uint8_t {
   kAllReduceFrame = 11,   // a pre-quantized codec frame in, the result frame out
   kJoinJob = 12,          // agree on the job's next generation (reply data: u64 generation)
   kFetchResult = 13,      // a committed step's result, from the other regions if need be
+  kAttachShm = 14,        // a shared-memory region for the connection (its memfd follows)
+  kAllReduceShm = 15,     // kAllReduce on a tensor in that region (a descriptor, no data)
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
@@ -197,6 +222,12 @@ struct Message {
   uint64_t sequence = 0;
   uint64_t scope = 0;  // and kJoinJob: which of the job's comms (0 = a rank's one comm)
   uint64_t resume = 0;  // kJoinJob: 0 = unknown, else 1 + the steps the rank completed before
+  uint64_t shm_bytes = 0;   // kAttachShm: the region's size
+  uint64_t shm_offset = 0;  // kAllReduceShm: where the tensor starts in the region
+  // Never on the wire: kAllReduceShm's tensor in the connection's region (count x dtype size
+  // bytes at shm_offset), filled in by the gateway once the descriptor was checked; the
+  // all-reduce reads its input there and writes its result there.
+  std::span<uint8_t> shm_data;
   // kTunnelConnect (tunnel_region, tunnel_shard, listen_id, timeout_ms), kTunnelAccept
   // (tunnel_id), kTunnelData (tag, data); kTunnelClose uses code and text.
   std::string tunnel_region;

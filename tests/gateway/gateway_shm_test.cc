@@ -1,0 +1,254 @@
+// The local path through shared memory (kAttachShm, kAllReduceShm; localproto/shm.h) against
+// real gateways in this process: results equal to the socket path's, descriptors that point
+// outside the region, what is not a sealed memfd, a region without its fd, and regions of
+// closed and killed clients unmapped.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/endian.h"
+#include "gateway_fixtures.h"
+#include "localproto/frame_io.h"
+#include "localproto/shm.h"
+
+namespace strait::gateway {
+namespace {
+
+using localproto::Message;
+using localproto::MessageType;
+
+// Mappings of ranks' regions in this process (the gateways run here): /proc/self/maps lines of
+// the memfd's name.
+int MappedRegions() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/memfd:strait-local") != std::string::npos;
+  }
+  return n;
+}
+
+std::string StatsOf(Gateway& g) { return g.StatsText(); }
+
+// A raw connection to a gateway, for requests the Client never makes.
+class RawConnection {
+ public:
+  explicit RawConnection(const std::string& socket) {
+    auto fd = localproto::Dial(socket, Deadline::AfterSeconds(5), "shm-test");
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    fd_ = fd.ok() ? *fd : -1;
+  }
+  ~RawConnection() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  // kAttachShm of `bytes`, then the byte carrying `pass` (-1: the byte without a descriptor).
+  StatusOr<Message> Attach(uint64_t bytes, int pass) {
+    Message m;
+    m.type = MessageType::kAttachShm;
+    m.shm_bytes = bytes;
+    STRAIT_RETURN_IF_ERROR(localproto::WriteMessage(fd_, m, Deadline::AfterSeconds(5)));
+    if (pass >= 0) {
+      STRAIT_RETURN_IF_ERROR(localproto::SendFd(fd_, pass, Deadline::AfterSeconds(5)));
+    } else {
+      const uint8_t byte = 0;
+      if (::send(fd_, &byte, 1, MSG_NOSIGNAL) != 1) return UnavailableError("send");
+    }
+    return localproto::ReadReply(fd_, MessageType::kAttachShm, Deadline::AfterSeconds(5));
+  }
+  StatusOr<Message> AllReduceShm(uint64_t offset, uint64_t count) {
+    Message m;
+    m.type = MessageType::kAllReduceShm;
+    m.job = "job";
+    m.tensor_key = "w";
+    m.dtype = DataType::kFloat32;
+    m.count = count;
+    m.generation = 1;
+    m.shm_offset = offset;
+    STRAIT_RETURN_IF_ERROR(localproto::WriteMessage(fd_, m, Deadline::AfterSeconds(5)));
+    return localproto::ReadReply(fd_, MessageType::kAllReduceShm, Deadline::AfterSeconds(5));
+  }
+  bool Serves() {
+    Message m;
+    m.type = MessageType::kStats;
+    if (!localproto::WriteMessage(fd_, m, Deadline::AfterSeconds(5)).ok()) return false;
+    auto r = localproto::ReadReply(fd_, MessageType::kStats, Deadline::AfterSeconds(5));
+    return r.ok() && r->code == StatusCode::kOk;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Every size, through a region on one side and the socket on the other: both sides get the
+// exact sums, the shm side grows its region as tensors grow, and both regions pair with the
+// socket side's operations (one operation identity for both paths).
+TEST_F(GatewayPair, SharedRegionAndSocketGiveTheSameResults) {
+  StartBoth();
+  clients_[1]->UseSharedMemory(false);
+  const std::vector<size_t> counts = {1, 20000, 100000, 7, 1 << 20, 16384, 3 << 19};
+  for (size_t k = 0; k < counts.size(); ++k) {
+    EXPECT_EQ(AllReduceBoth("t" + std::to_string(k), counts[k]), 0u) << "step " << k;
+  }
+  EXPECT_GE(clients_[0]->shared_region_bytes(), size_t{3 << 19} * sizeof(float));
+  EXPECT_EQ(clients_[1]->shared_region_bytes(), 0u);
+  EXPECT_NE(StatsOf(*gateway_).find("shm_regions 1\n"), std::string::npos) << StatsOf(*gateway_);
+  EXPECT_NE(StatsOf(*eu_).find("shm_regions 0\n"), std::string::npos) << StatsOf(*eu_);
+  // Both through regions.
+  clients_[1]->UseSharedMemory(true);
+  EXPECT_EQ(AllReduceBoth("both", 1 << 18), 0u);
+  EXPECT_GT(clients_[1]->shared_region_bytes(), 0u);
+  EXPECT_EQ(MappedRegions(), 4);  // each client's own mapping and its gateway's
+}
+
+// A descriptor that does not lie inside the connection's region is refused before anything is
+// read or written there (refusal marker 0: the step is not used), and the connection goes on.
+TEST_F(GatewayServer, DescriptorsOutsideTheRegionAreRefusedAndTouchNothing) {
+  StartGateway();
+  RawConnection c(config_.local_socket);
+  auto region = localproto::ShmRegion::Create(4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::memset((*region)->data(), 0x5a, 4096);
+  auto attached = c.Attach(4096, (*region)->fd());
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  ASSERT_EQ(attached->code, StatusCode::kOk) << attached->text;
+  const std::vector<std::pair<uint64_t, uint64_t>> outside = {
+      {4092, 2}, {0, 1025}, {4096, 1}, {~uint64_t{0} - 3, 1}, {~uint64_t{0} / 2, 1u << 20}};
+  for (const auto& [offset, count] : outside) {
+    auto r = c.AllReduceShm(offset, count);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->code, StatusCode::kInvalidArgument) << offset << "+" << count;
+    EXPECT_NE(r->text.find("outside the shared region of 4096 bytes"), std::string::npos)
+        << r->text;
+    EXPECT_EQ(r->data, std::vector<uint8_t>{0});  // refused: the step is not used
+  }
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ((*region)->data()[i], 0x5a) << i;
+  EXPECT_TRUE(c.Serves());
+  EXPECT_NE(StatsOf(*gateway_).find("bad_requests 5\n"), std::string::npos) << StatsOf(*gateway_);
+}
+
+// Without a region, kAllReduceShm is refused; what is not a sealed memfd of the announced size
+// is never mapped; each refusal leaves the connection serving.
+TEST_F(GatewayServer, OnlySealedMemfdsOfTheAnnouncedSizeAreMapped) {
+  StartGateway();
+  RawConnection c(config_.local_socket);
+  auto r = c.AllReduceShm(0, 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r->text.find("attach one first"), std::string::npos) << r->text;
+
+  auto expect_refused = [&](StatusOr<Message> reply, const std::string& fragment) {
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->code, StatusCode::kInvalidArgument) << reply->text;
+    EXPECT_NE(reply->text.find(fragment), std::string::npos) << reply->text;
+    EXPECT_TRUE(c.Serves()) << fragment;
+  };
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  expect_refused(c.Attach(4096, pipe_fds[0]), "not a memfd");
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+
+  const int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, 4096), 0);
+  expect_refused(c.Attach(4096, unsealed), "not sealed against shrinking");
+  ::close(unsealed);
+
+  auto small = localproto::ShmRegion::Create(4096);
+  ASSERT_TRUE(small.ok());
+  expect_refused(c.Attach(8192, (*small)->fd()), "fewer than the 8192 announced");
+  expect_refused(c.Attach(0, (*small)->fd()), "a region of 0 bytes");
+  expect_refused(c.Attach(localproto::kMaxShmBytes + 1, (*small)->fd()), "allowed 1..");
+  expect_refused(c.Attach(4096, -1), "carried 0 descriptors");
+  EXPECT_EQ(MappedRegions(), 1);  // `small`'s own mapping only
+  EXPECT_NE(StatsOf(*gateway_).find("shm_regions 0\n"), std::string::npos) << StatsOf(*gateway_);
+}
+
+// A rank's region is unmapped when its connection ends: closed, or its process killed while it
+// holds the region.
+TEST_F(GatewayServer, RegionsOfClosedAndKilledRanksAreUnmapped) {
+  StartGateway();
+  const int before = MappedRegions();
+  {
+    RawConnection c(config_.local_socket);
+    auto region = localproto::ShmRegion::Create(1 << 20);
+    ASSERT_TRUE(region.ok());
+    auto a = c.Attach(1 << 20, (*region)->fd());
+    ASSERT_TRUE(a.ok() && a->code == StatusCode::kOk);
+    EXPECT_EQ(MappedRegions(), before + 2);
+    // Attaching again replaces the region: still one in the gateway.
+    auto b = c.Attach(1 << 20, (*region)->fd());
+    ASSERT_TRUE(b.ok() && b->code == StatusCode::kOk);
+    EXPECT_NE(StatsOf(*gateway_).find("shm_regions 1\n"), std::string::npos);
+  }
+  auto wait_for = [&](int want) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (MappedRegions() != want && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return MappedRegions();
+  };
+  EXPECT_EQ(wait_for(before), before);
+
+  // A child process attaches a region and is killed holding it (its connection ends without a
+  // goodbye). The gateway's threads run here, so the child makes raw system calls only (no
+  // allocation after fork): its frames are encoded before.
+  Message hello;
+  hello.client_name = "doomed-rank";
+  Message attach;
+  attach.type = MessageType::kAttachShm;
+  attach.shm_bytes = 1 << 20;
+  auto hello_frame = localproto::EncodeMessage(hello);
+  auto attach_frame = localproto::EncodeMessage(attach);
+  ASSERT_TRUE(hello_frame.ok() && attach_frame.ok());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, config_.local_socket.c_str(), sizeof(addr.sun_path) - 1);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ::_exit(2);
+    const int mem = ::memfd_create("strait-local", MFD_ALLOW_SEALING);
+    if (mem < 0 || ::ftruncate(mem, 1 << 20) != 0 ||
+        ::fcntl(mem, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      ::_exit(3);
+    }
+    if (::write(sock, hello_frame->data(), hello_frame->size()) < 0 ||
+        ::write(sock, attach_frame->data(), attach_frame->size()) < 0 ||
+        !localproto::SendFd(sock, mem, Deadline::AfterSeconds(5)).ok()) {
+      ::_exit(4);
+    }
+    const char ok = 'y';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(5);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char got = 0;
+  ASSERT_EQ(::read(ready[0], &got, 1), 1) << "the child could not attach";
+  ::close(ready[0]);
+  EXPECT_EQ(wait_for(before + 1), before + 1);  // the child's region, mapped in the gateway
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(wait_for(before), before);
+  EXPECT_NE(StatsOf(*gateway_).find("shm_regions 0\n"), std::string::npos) << StatsOf(*gateway_);
+}
+
+}  // namespace
+}  // namespace strait::gateway
