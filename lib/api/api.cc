@@ -197,6 +197,13 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
                                 "; it must be positive (milliseconds)");
   }
   o.timeout_ns = int64_t{c->timeout_ms} * 1'000'000;
+  const std::optional<std::string> shm = ArgOrEnv(nullptr, "STRAIT_LOCAL_SHM");
+  if (shm && *shm != "0" && *shm != "1") {
+    return InvalidArgumentError("STRAIT_LOCAL_SHM='" + *shm +
+                                "': allowed 1 (tensors through shared memory, the default) or "
+                                "0 (through the socket)");
+  }
+  o.shared_memory = !shm || *shm == "1";
   auto shard = ShardOf(c->shard, c->rank, c->nranks, "config->shard");
   if (!shard.ok()) return shard.status();
   o.shard = *shard;

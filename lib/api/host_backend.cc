@@ -148,6 +148,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
       "strait-api " + options.region + "/rank" + std::to_string(options.rank), options.shard);
   if (!client.ok()) return client.status().WithContext(me + ": gateway " + options.gateway);
   g.client = std::move(client).value();
+  g.client->UseSharedMemory(options.shared_memory);
   auto policy = g.client->RegisterJob(options.job, options.compression, deadline);
   if (!policy.ok()) {
     return policy.status().WithContext(me + ": registering job '" + options.job +
@@ -268,6 +269,7 @@ StatusOr<std::vector<uint8_t>> HostComm::RecoverStep(const Status& failure, Dead
       if (!policy.ok()) return failure.WithContext(policy.status().ToString());
       auto data = (*client)->FetchResult(options_.job, generation, sequence, deadline);
       g.client = std::move(client).value();
+      g.client->UseSharedMemory(options_.shared_memory);
       if (data.ok()) return data;
       return failure.WithContext("and its result could not be recovered: " +
                                  data.status().ToString());

@@ -72,6 +72,9 @@ struct HostCommOptions {
   int64_t timeout_ns = int64_t{60'000'000'000};
   // The shard named to the straitd (localproto::kAnyShard: none; see strait_host_config_t).
   uint32_t shard = 0xFFFFFFFFu;
+  // Tensors of 64 KiB and more move through a region shared with straitd (localproto/shm.h)
+  // rather than the socket; STRAIT_LOCAL_SHM=0 turns it off.
+  bool shared_memory = true;
 };
 
 class HostComm final : public Backend {

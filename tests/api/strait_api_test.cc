@@ -196,6 +196,13 @@ TEST(StraitApi, InitHostTakesUnsetFieldsFromTheEnvironment) {
   ::setenv("STRAIT_SHARD", "3", 1);
   EXPECT_EQ(Init(one), STRAIT_ERROR_UNAVAILABLE) << LastError();  // valid: the gateway is missing
   ::unsetenv("STRAIT_SHARD");
+  // STRAIT_LOCAL_SHM is 0 or 1.
+  ::setenv("STRAIT_LOCAL_SHM", "yes", 1);
+  EXPECT_EQ(Init(one), STRAIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("STRAIT_LOCAL_SHM='yes'"));
+  ::setenv("STRAIT_LOCAL_SHM", "0", 1);
+  EXPECT_EQ(Init(one), STRAIT_ERROR_UNAVAILABLE) << LastError();
+  ::unsetenv("STRAIT_LOCAL_SHM");
 }
 
 // strait_comm_init_nccl checks its arguments before it touches the NCCL communicator, in every
