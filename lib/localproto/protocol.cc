@@ -179,11 +179,17 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.Str(m.policy);
       break;
     case MessageType::kRegionAllReduce:  // the same fields
+    case MessageType::kAllReduceShm:     // the same fields and an offset, no data
     case MessageType::kAllReduce: {
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
       STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
       const size_t elem = DataTypeSize(m.dtype);
-      if (elem == 0 || m.count > data_size / elem || m.count * elem != data_size) {
+      const bool shm = m.type == MessageType::kAllReduceShm;
+      if (shm && (elem == 0 || m.count > kMaxShmBytes / elem)) {
+        return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) +
+                                    " elements is larger than a shared region may be");
+      }
+      if (!shm && (elem == 0 || m.count > data_size / elem || m.count * elem != data_size)) {
         return InvalidArgumentError("all-reduce data is " + std::to_string(data_size) +
                                     " bytes; count " + std::to_string(m.count) + " of " +
                                     DataTypeName(m.dtype) + " needs count x element size");
@@ -197,27 +203,8 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       w.U64(m.generation);
       w.U64(m.sequence);
       w.U64(m.scope);
-      carries_data = true;
-      break;
-    }
-    case MessageType::kAllReduceShm: {
-      STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
-      STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
-      const size_t elem = DataTypeSize(m.dtype);
-      if (elem == 0 || m.count > kMaxShmBytes / elem) {
-        return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) +
-                                    " elements is larger than a shared region may be");
-      }
-      w.Str(m.job);
-      w.Str(m.tensor_key);
-      w.U8(static_cast<uint8_t>(m.dtype));
-      w.U8(static_cast<uint8_t>(m.op));
-      w.U64(m.count);
-      w.U32(m.timeout_ms);
-      w.U64(m.generation);
-      w.U64(m.sequence);
-      w.U64(m.scope);
-      w.U64(m.shm_offset);
+      if (shm) w.U64(m.shm_offset);
+      carries_data = !shm;
       break;
     }
     case MessageType::kAttachShm:
@@ -348,7 +335,9 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       m.policy = r.Str("policy", kMaxPolicyBytes, false);
       break;
     case MessageType::kRegionAllReduce:  // the same fields
+    case MessageType::kAllReduceShm:     // the same fields and an offset, no data
     case MessageType::kAllReduce: {
+      const bool shm = m.type == MessageType::kAllReduceShm;
       m.job = r.Str("job", kMaxNameBytes, true);
       m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
       const uint8_t dtype = static_cast<uint8_t>(r.Le(1, "dtype"));
@@ -358,54 +347,35 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       m.generation = r.Le(8, "generation");
       m.sequence = r.Le(8, "sequence");
       m.scope = r.Le(8, "scope");
+      if (shm) m.shm_offset = r.Le(8, "offset");
       if (!r.status().ok()) break;
+      const std::string name = MessageTypeName(m.type);
       if (!IsValidDataType(dtype)) {
-        return InvalidArgumentError("all-reduce dtype " + std::to_string(dtype) +
+        return InvalidArgumentError(name + " dtype " + std::to_string(dtype) +
                                     " is not a known data type");
       }
       if (!IsValidReduceOp(op)) {
-        return InvalidArgumentError("all-reduce op " + std::to_string(op) +
+        return InvalidArgumentError(name + " op " + std::to_string(op) +
                                     " is not a known reduction (sum, prod, max, min, avg)");
       }
       m.dtype = static_cast<DataType>(dtype);
       m.op = static_cast<ReduceOp>(op);
       const size_t elem = DataTypeSize(m.dtype);
+      if (shm) {
+        if (m.count > kMaxShmBytes / elem) {
+          return InvalidArgumentError(name + " of " + std::to_string(m.count) + " " +
+                                      DataTypeName(m.dtype) +
+                                      " elements is larger than a shared region may be");
+        }
+        break;  // trailing bytes are refused below
+      }
       if (m.count > r.remaining() / elem || m.count * elem != r.remaining()) {
-        return InvalidArgumentError("all-reduce of " + std::to_string(m.count) + " " +
+        return InvalidArgumentError(name + " of " + std::to_string(m.count) + " " +
                                     DataTypeName(m.dtype) + " elements carries " +
                                     std::to_string(r.remaining()) + " data bytes; needs " +
                                     "count x " + std::to_string(elem));
       }
       r.RestInto(&m.data);
-      break;
-    }
-    case MessageType::kAllReduceShm: {
-      m.job = r.Str("job", kMaxNameBytes, true);
-      m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
-      const uint8_t dtype = static_cast<uint8_t>(r.Le(1, "dtype"));
-      const uint8_t op = static_cast<uint8_t>(r.Le(1, "op"));
-      m.count = r.Le(8, "count");
-      m.timeout_ms = static_cast<uint32_t>(r.Le(4, "timeout_ms"));
-      m.generation = r.Le(8, "generation");
-      m.sequence = r.Le(8, "sequence");
-      m.scope = r.Le(8, "scope");
-      m.shm_offset = r.Le(8, "offset");
-      if (!r.status().ok()) break;
-      if (!IsValidDataType(dtype)) {
-        return InvalidArgumentError("all-reduce-shm dtype " + std::to_string(dtype) +
-                                    " is not a known data type");
-      }
-      if (!IsValidReduceOp(op)) {
-        return InvalidArgumentError("all-reduce-shm op " + std::to_string(op) +
-                                    " is not a known reduction (sum, prod, max, min, avg)");
-      }
-      m.dtype = static_cast<DataType>(dtype);
-      m.op = static_cast<ReduceOp>(op);
-      if (m.count > kMaxShmBytes / DataTypeSize(m.dtype)) {
-        return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) + " " +
-                                    DataTypeName(m.dtype) +
-                                    " elements is larger than a shared region may be");
-      }
       break;
     }
     case MessageType::kAttachShm:
