@@ -134,17 +134,18 @@ def test_the_second_shard_is_its_own_mesh(gateways):
     assert a.tolist() == [3.0] * 10 and torch.equal(a, b)
 
 
-def test_two_ranks_per_region_through_the_host_backend(gateways):
-    # The C API's own region step (nranks = 2): shard r of each region through straitd r.
+def two_ranks_per_region(gw, n):
+    # The C API's own region step (nranks = 2): rank k of region r through gw.socket(r, k);
+    # checks every rank's sum of an n-element tensor.
     from strait.cluster import free_ports
     ports = free_ports(2)
     j, out, errs = job(), {}, []
     def run(r, k):
         try:
-            with strait.Comm(region=f"r{r}", rank=k, nranks=2, gateway=gateways.socket(r, k),
+            with strait.Comm(region=f"r{r}", rank=k, nranks=2, gateway=gw.socket(r, k),
                              root_address=f"127.0.0.1:{ports[r]}", job_id=j,
                              compression="none", timeout=20) as c:
-                x = torch.arange(9, dtype=torch.float32) + 10 * r + 100 * k
+                x = torch.arange(n, dtype=torch.float32) + 10 * r + 100 * k
                 out[(r, k)] = c.allreduce(x, key="hb")
         except BaseException as e:  # noqa: BLE001
             errs.append(e)
@@ -154,37 +155,24 @@ def test_two_ranks_per_region_through_the_host_backend(gateways):
     for t in ts:
         t.join(60)
     assert not errs, errs
-    want = 4 * torch.arange(9, dtype=torch.float32) + 20 + 200
+    want = 4 * torch.arange(n, dtype=torch.float32) + 20 + 200
+    assert len(out) == 4
     for v in out.values():
         assert torch.equal(v, want)
+
+
+def test_two_ranks_per_region_through_the_host_backend(gateways):
+    two_ranks_per_region(gateways, 9)
+    # 256 KiB: the tensors go to straitd through shared memory (libstrait's default from 64 KiB).
+    two_ranks_per_region(gateways, 1 << 16)
 
 
 def test_one_straitd_serves_both_ranks_of_a_region(node_gateways):
     # One straitd per region for shards 0 and 1: both ranks of a host-backend comm use its one
     # socket (each names its rank's shard), and 1-rank comms name theirs with shard=.
-    from strait.cluster import free_ports
     g = node_gateways
     assert g.socket(0, 0) == g.socket(0, 1)
-    ports = free_ports(2)
-    j, out, errs = job(), {}, []
-    def run(r, k):
-        try:
-            with strait.Comm(region=f"r{r}", rank=k, nranks=2, gateway=g.socket(r, k),
-                             root_address=f"127.0.0.1:{ports[r]}", job_id=j,
-                             compression="none", timeout=20) as c:
-                x = torch.arange(9, dtype=torch.float32) + 10 * r + 100 * k
-                out[(r, k)] = c.allreduce(x, key="hb")
-        except BaseException as e:  # noqa: BLE001
-            errs.append(e)
-    ts = [threading.Thread(target=run, args=(r, k)) for r in range(2) for k in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errs, errs
-    want = 4 * torch.arange(9, dtype=torch.float32) + 20 + 200
-    for v in out.values():
-        assert torch.equal(v, want)
+    two_ranks_per_region(g, 9)
     a, b = per_region(g, lambda c, r: c.allreduce(torch.ones(10) * (r + 1), key="s1"),
                       shard=1, comm_shard=1, compression="none")
     assert a.tolist() == [3.0] * 10 and torch.equal(a, b)
