@@ -74,7 +74,23 @@ StatusCode CheckedCode(uint64_t code, Status* error) {
 
 // ---- Wire format -----------------------------------------------------------------------------
 
+void EncodeTunnelDataPrefix(const TunnelWire& w, uint8_t* out) {
+  out[0] = kTunnelWireVersion;
+  out[1] = static_cast<uint8_t>(TunnelWireKind::kData);
+  out[2] = static_cast<uint8_t>(w.codec);
+  out[3] = 0;
+  PutLe(out + 4, w.tag, 4);
+  PutLe(out + 8, w.tunnel_id, 8);
+  PutLe(out + kTunnelWireHeaderSize, w.raw_size, 8);
+}
+
 std::vector<uint8_t> EncodeTunnelWire(const TunnelWire& w) {
+  if (w.kind == TunnelWireKind::kData) {
+    std::vector<uint8_t> out(kTunnelDataPrefixSize + w.payload.size());
+    EncodeTunnelDataPrefix(w, out.data());
+    std::copy(w.payload.begin(), w.payload.end(), out.begin() + kTunnelDataPrefixSize);
+    return out;
+  }
   std::vector<uint8_t> out;
   out.reserve(kTunnelWireHeaderSize + 32 + w.payload.size() + w.text.size());
   out.push_back(kTunnelWireVersion);
@@ -224,8 +240,8 @@ bool TunnelCodec::TryZstd(std::span<const uint8_t> data, TunnelWire* wire) {
   return true;
 }
 
-void TunnelCodec::Encode(std::span<const uint8_t> data, const net::LinkEstimates& link,
-                         TunnelWire* wire) {
+bool TunnelCodec::Compress(std::span<const uint8_t> data, const net::LinkEstimates& link,
+                           TunnelWire* wire) {
   wire->kind = TunnelWireKind::kData;
   wire->raw_size = data.size();
   if (zstd_allowed_ && data.size() >= kMinCompressBytes) {
@@ -236,10 +252,16 @@ void TunnelCodec::Encode(std::span<const uint8_t> data, const net::LinkEstimates
       const CodecId allowed[2] = {CodecId::kNone, CodecId::kZstd};
       use = net::ChooseCodec(link, profiles, allowed, data.size()).codec == CodecId::kZstd;
     }
-    if (use && TryZstd(data, wire)) return;
+    if (use && TryZstd(data, wire)) return true;
   }
   wire->codec = CodecId::kNone;
-  wire->payload.assign(data.begin(), data.end());
+  wire->payload.clear();
+  return false;
+}
+
+void TunnelCodec::Encode(std::span<const uint8_t> data, const net::LinkEstimates& link,
+                         TunnelWire* wire) {
+  if (!Compress(data, link, wire)) wire->payload.assign(data.begin(), data.end());
 }
 
 Status TunnelCodec::Decode(Decoder& decoder, TunnelWire& wire, std::vector<uint8_t>* out) {

@@ -97,6 +97,8 @@ using localproto::WriteMessage;
 
 inline constexpr uint8_t kTunnelWireVersion = 1;
 inline constexpr size_t kTunnelWireHeaderSize = 16;
+// A kData message's bytes before its payload: the header and the u64 raw size.
+inline constexpr size_t kTunnelDataPrefixSize = kTunnelWireHeaderSize + 8;
 // Bookkeeping cost of one message in the flow-control window, so that empty messages count.
 inline constexpr uint64_t kTunnelMessageCost = 64;
 
@@ -138,6 +140,9 @@ struct TunnelWire {
 
 // Encodes `wire` (texts are cut to kMaxReplyTextBytes). Pure.
 std::vector<uint8_t> EncodeTunnelWire(const TunnelWire& wire);
+// Writes the kTunnelDataPrefixSize bytes of kData message `wire` (its payload, raw_size bytes
+// long, follows them) at `out`: what lets a payload already in place be sent without copying it.
+void EncodeTunnelDataPrefix(const TunnelWire& wire, uint8_t* out);
 // Decodes one wire message: kDataLoss when a field runs past the end, kUnimplemented for another
 // version, kInvalidArgument for an unknown kind or codec, a lossy codec, trailing bytes, a raw
 // payload whose length is not raw size, or a raw size above `max_raw_bytes`. Never reads past
@@ -158,6 +163,9 @@ class TunnelCodec {
   explicit TunnelCodec(bool zstd_allowed, int zstd_level = 1);
   // Fills wire->codec, raw_size and payload for `data`, chosen from `link`.
   void Encode(std::span<const uint8_t> data, const net::LinkEstimates& link, TunnelWire* wire);
+  // Encode, but a payload that goes raw is left out (wire->codec kNone, payload empty): the
+  // caller sends `data` from where it lies. True when wire->payload holds a zstd frame.
+  bool Compress(std::span<const uint8_t> data, const net::LinkEstimates& link, TunnelWire* wire);
   // Test hook: always use zstd (when allowed) for eligible sizes.
   void ForceZstdForTest() { force_zstd_ = true; }
   uint64_t zstd_messages() const { return zstd_messages_; }
@@ -248,6 +256,8 @@ class TunnelService {
   void PumpFromRank(const std::shared_ptr<State>& t);
   void OnRankLength(const std::shared_ptr<State>& t, const std::error_code& ec, size_t n);
   void OnRankFrame(const std::shared_ptr<State>& t);
+  // A tunnel-data frame of the rank (in t->body) to the peer gateway.
+  void SendRankData(const std::shared_ptr<State>& t, uint32_t tag);
   void RankBroke(const std::shared_ptr<State>& t, const Status& why);
   void EndRankSide(const std::shared_ptr<State>& t, StatusCode code, const std::string& text,
                    bool tell_rank);
@@ -255,8 +265,10 @@ class TunnelService {
   void CloseToRank(const std::shared_ptr<State>& t, bool closing, StatusCode code,
                    const std::string& text);
   void FinishPipe(const std::shared_ptr<State>& t);
+  // Writes *out, then *data when given (both must stay put until `done`).
   void WriteToRank(RankConn& rank, std::vector<uint8_t>* out, int64_t timeout_ns,
-                   std::shared_ptr<void> owner, std::function<void(const Status&)> done);
+                   std::shared_ptr<void> owner, std::function<void(const Status&)> done,
+                   const std::vector<uint8_t>* data = nullptr);
   void RefuseAndClose(std::unique_ptr<RankConn> rank, const Message& reply);
   void ArmSupervisor();
   void Supervise();

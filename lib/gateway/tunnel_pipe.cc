@@ -104,11 +104,11 @@ void TunnelService::OnRankLength(const std::shared_ptr<State>& t, const asio::er
                                         std::to_string(options_.max_message_bytes) + " bytes"));
     return Pump(t);
   }
-  t->body.resize(len);
+  t->body.resize(State::kBodyOffset + len);
   t->reading = true;
   t->rank->Arm(kFrameTimeoutNs, t);
-  asio::async_read(t->rank->socket(), asio::buffer(t->body),
-                   [this, t](const asio::error_code& ec2, size_t got) {
+  asio::async_read(t->rank->socket(), asio::buffer(t->body.data() + State::kBodyOffset, len),
+                   [this, t, len](const asio::error_code& ec2, size_t got) {
                      if (t->finished) return;
                      t->rank->Disarm();
                      t->reading = false;
@@ -118,7 +118,7 @@ void TunnelService::OnRankLength(const std::shared_ptr<State>& t, const asio::er
                        } else if (ec2 == asio::error::eof) {
                          RankBroke(t, DataLossError("local socket: connection closed after " +
                                                     std::to_string(got) + " of " +
-                                                    std::to_string(t->body.size()) +
+                                                    std::to_string(len) +
                                                     " bytes of a frame"));
                        }
                        // Otherwise aborted: ended elsewhere.
@@ -146,8 +146,13 @@ void TunnelService::RankBroke(const std::shared_ptr<State>& t, const Status& why
 }
 
 void TunnelService::OnRankFrame(const std::shared_ptr<State>& t) {
-  auto m = DecodeMessage(t->body, options_.max_message_bytes);
-  if (!m.ok() || (m->type != MessageType::kTunnelData && m->type != MessageType::kTunnelClose)) {
+  const std::span<const uint8_t> body =
+      std::span<const uint8_t>(t->body).subspan(State::kBodyOffset);
+  if (body.size() >= 5 && body[0] == static_cast<uint8_t>(MessageType::kTunnelData)) {
+    return SendRankData(t, GetU32(body.data() + 1));
+  }
+  auto m = DecodeMessage(body, options_.max_message_bytes);
+  if (!m.ok() || m->type != MessageType::kTunnelClose) {
     return EndRankSide(t, StatusCode::kInvalidArgument,
                        "bad frame on the tunnel from region " + options_.region + ": " +
                            (m.ok() ? std::string("a ") + MessageTypeName(m->type) +
@@ -155,31 +160,44 @@ void TunnelService::OnRankFrame(const std::shared_ptr<State>& t) {
                                    : std::string(m.status().message())),
                        true);
   }
-  if (m->type == MessageType::kTunnelClose) {
-    return EndRankSide(t, m->code,
-                       m->text.empty()
-                           ? "the rank in region " + options_.region + " closed the tunnel"
-                           : m->text,
-                       false);
-  }
+  return EndRankSide(
+      t, m->code,
+      m->text.empty() ? "the rank in region " + options_.region + " closed the tunnel" : m->text,
+      false);
+}
+
+void TunnelService::SendRankData(const std::shared_ptr<State>& t, uint32_t tag) {
+  // The data lies in t->body from kTunnelDataPrefixSize on, where a wire kData message carries
+  // it: a raw message is the body itself, its prefix written over the frame's type and tag.
+  const std::span<const uint8_t> data =
+      std::span<const uint8_t>(t->body).subspan(kTunnelDataPrefixSize);
   TunnelWire w;
   w.tunnel_id = t->id;
-  w.tag = m->tag;
-  t->codec->Encode(m->data, t->link->Estimates(), &w);
-  const uint64_t raw = m->data.size();
+  w.tag = tag;
+  const bool compressed = t->codec->Compress(data, t->link->Estimates(), &w);
+  const uint64_t raw = data.size();
   {
     std::lock_guard<std::mutex> lock(t->mu);
     t->unacked += Cost(raw);
   }
   ++messages_sent_;
   raw_bytes_sent_ += raw;
-  if (w.codec == CodecId::kZstd) ++zstd_messages_;
-  SendWire(t->link, w, options_.send_timeout_ns, [this, t, name = t->peer_name](Status s) {
+  auto done = [this, t, name = t->peer_name](Status s) {
     if (!s.ok()) {
-      PeerClosed(t, UnavailableError("the link to " + name + " failed: " +
-                                     std::string(s.message())));
+      PeerClosed(t,
+                 UnavailableError("the link to " + name + " failed: " + std::string(s.message())));
     }
-  });
+  };
+  if (compressed) {
+    ++zstd_messages_;
+    return SendWire(t->link, w, options_.send_timeout_ns, std::move(done));
+  }
+  EncodeTunnelDataPrefix(w, t->body.data());
+  std::vector<uint8_t> message = std::move(t->body);
+  t->body.clear();
+  wire_bytes_sent_ += message.size();
+  t->link->Send(TunnelChannel(t->id), std::move(message), Deadline::After(options_.send_timeout_ns),
+                std::move(done));
 }
 
 void TunnelService::PumpToRank(const std::shared_ptr<State>& t) {
@@ -234,48 +252,50 @@ void TunnelService::PumpToRank(const std::shared_ptr<State>& t) {
     t->inbound_cost = 0;
     return;
   }
-  Message m;
-  m.type = MessageType::kTunnelData;
-  m.tag = w.tag;
   const uint64_t size = raw.size();
-  m.data = std::move(raw);
-  auto frame = EncodeMessage(m, options_.max_message_bytes);
-  if (!frame.ok()) {
+  if (localproto::kTunnelDataOverhead + size > options_.max_message_bytes) {
     t->writer_done = true;
     return;
   }
-  t->out = std::move(frame).value();
+  // The frame's head, then the data from where it was decoded: no frame is assembled.
+  t->out.resize(localproto::kTunnelDataHeadBytes);
+  localproto::EncodeTunnelDataHead(w.tag, size, t->out.data());
+  t->out_data = std::move(raw);
   t->writing = true;
   // No deadline: a rank that stops reading makes its peer's sender wait (flow control), until
   // the tunnel ends (EndRankSide cancels the write).
-  WriteToRank(*t->rank, &t->out, 0, t, [this, t, size, more](const Status& st) {
-    t->writing = false;
-    if (t->finished) return;
-    if (!st.ok()) {
-      bool ended = false;
-      {
-        std::lock_guard<std::mutex> lock(t->mu);
-        ended = t->rank_closed;
-      }
-      // Given up for the tunnel's end: the head decides what to say; else the rank's
-      // connection failed, which its reader sees too.
-      if (!ended && !Stopping()) t->writer_done = true;
-      return Pump(t);
-    }
-    ++messages_received_;
-    raw_bytes_received_ += size;
-    t->credit += Cost(size);
-    const uint64_t credit_batch = std::max<uint64_t>(options_.window_bytes / 4, 1);
-    if (t->credit >= credit_batch || !more) {
-      TunnelWire c;
-      c.kind = TunnelWireKind::kCredit;
-      c.tunnel_id = t->id;
-      c.credit = t->credit;
-      SendWire(t->link, c, options_.send_timeout_ns);
-      t->credit = 0;
-    }
-    Pump(t);
-  });
+  WriteToRank(
+      *t->rank, &t->out, 0, t,
+      [this, t, size, more](const Status& st) {
+        t->writing = false;
+        t->out_data.clear();
+        if (t->finished) return;
+        if (!st.ok()) {
+          bool ended = false;
+          {
+            std::lock_guard<std::mutex> lock(t->mu);
+            ended = t->rank_closed;
+          }
+          // Given up for the tunnel's end: the head decides what to say; else the rank's
+          // connection failed, which its reader sees too.
+          if (!ended && !Stopping()) t->writer_done = true;
+          return Pump(t);
+        }
+        ++messages_received_;
+        raw_bytes_received_ += size;
+        t->credit += Cost(size);
+        const uint64_t credit_batch = std::max<uint64_t>(options_.window_bytes / 4, 1);
+        if (t->credit >= credit_batch || !more) {
+          TunnelWire c;
+          c.kind = TunnelWireKind::kCredit;
+          c.tunnel_id = t->id;
+          c.credit = t->credit;
+          SendWire(t->link, c, options_.send_timeout_ns);
+          t->credit = 0;
+        }
+        Pump(t);
+      },
+      &t->out_data);
 }
 
 // The last the rank hears: kTunnelClose with the reason when `closing`, then end of file.

@@ -88,21 +88,24 @@ void TunnelService::PeerClosed(const std::shared_ptr<State>& t, Status why) {
 // loop. `owner` keeps the object that holds `rank` and `out` alive.
 void TunnelService::WriteToRank(RankConn& rank, std::vector<uint8_t>* out, int64_t timeout_ns,
                                 std::shared_ptr<void> owner,
-                                std::function<void(const Status&)> done) {
+                                std::function<void(const Status&)> done,
+                                const std::vector<uint8_t>* data) {
   if (timeout_ns > 0) rank.Arm(timeout_ns, owner);
-  asio::async_write(rank.socket(), asio::buffer(*out),
-                    [&rank, timeout_ns, owner, done = std::move(done)](const asio::error_code& ec,
-                                                                       size_t) {
-                      if (timeout_ns > 0) rank.Disarm();
-                      if (!ec) return done(Status::Ok());
-                      if (rank.timed_out()) {
-                        return done(DeadlineExceededError("local socket: timed out writing"));
-                      }
-                      if (ec == asio::error::operation_aborted) {
-                        return done(CancelledError("tunnel ended while writing to the rank"));
-                      }
-                      done(UnavailableError("write to the rank failed: " + ec.message()));
-                    });
+  const std::array<asio::const_buffer, 2> buffers = {
+      asio::buffer(*out), data != nullptr ? asio::buffer(*data) : asio::const_buffer()};
+  asio::async_write(
+      rank.socket(), buffers,
+      [&rank, timeout_ns, owner, done = std::move(done)](const asio::error_code& ec, size_t) {
+        if (timeout_ns > 0) rank.Disarm();
+        if (!ec) return done(Status::Ok());
+        if (rank.timed_out()) {
+          return done(DeadlineExceededError("local socket: timed out writing"));
+        }
+        if (ec == asio::error::operation_aborted) {
+          return done(CancelledError("tunnel ended while writing to the rank"));
+        }
+        done(UnavailableError("write to the rank failed: " + ec.message()));
+      });
 }
 
 // Writes `reply` to the rank, then closes its connection.

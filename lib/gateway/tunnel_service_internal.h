@@ -154,8 +154,12 @@ struct TunnelService::State {
   bool writer_done = false;
   bool finished = false;
   std::array<uint8_t, localproto::kFrameLengthBytes> length{};
+  // The rank's frame body, read kBodyOffset bytes in: a tunnel-data frame's bytes then lie where
+  // a wire kData message carries them, and the buffer goes to the link as it is (OnRankFrame).
+  static constexpr size_t kBodyOffset = kTunnelDataPrefixSize - 5;  // 5: type and tag
   std::vector<uint8_t> body;
   std::vector<uint8_t> out;
+  std::vector<uint8_t> out_data;  // a tunnel-data frame's data, written after `out` (its head)
   std::unique_ptr<TunnelCodec> codec;  // set when the pipe starts
   bool closing_write = false;  // the write under way is the last one (kTunnelClose)
   Decoder decoder;
