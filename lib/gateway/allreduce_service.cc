@@ -172,10 +172,10 @@ Status AllReduceService::Prepare(const Message& request, const Admission& a, con
   req.dtype = request.dtype;
   req.op = request.op;
   req.count = static_cast<size_t>(request.count);
-  // kAllReduceShm: the tensor lies in the rank's shared region and is reduced there in place;
+  // kAllReduceShm, kRegionAllReduceShm: the tensor lies in the rank's shared region and is reduced there in place;
   // the reply carries no data.
-  req.data = request.type == MessageType::kAllReduceShm ? request.shm_data.data()
-                                                         : reply.data.data();
+  req.data = localproto::InSharedRegion(request.type) ? request.shm_data.data()
+                                                       : reply.data.data();
   req.feedback = &feedback_;
   req.shard_weights = g_.config.ShardWeights();  // empty (equal shards) unless configured
   req.deadline = a.deadline;
@@ -226,7 +226,7 @@ Status AllReduceService::Number(const Message& request, const Admission& a, Oper
 uint64_t AllReduceService::TransportOpId(const Message& request, const std::string& identity,
                                          uint64_t word) const {
   const uint64_t op_id = OperationId(request.job, identity, word);
-  if (request.type != MessageType::kRegionAllReduce) return op_id;
+  if (!localproto::IsRegionAllReduce(request.type)) return op_id;
   // The one id the operation has everywhere: it runs under it on the cross-region transport,
   // Generations knows it by it (EndOp, and a peer's mismatch aborts it), and failures abort it.
   return RegionCrossOpId(request.job, request.tensor_key, g_.config.RegionSize(), op_id);
@@ -266,7 +266,7 @@ Status AllReduceService::Begin(const Message& request, Operation* op) {
     // Refused here (another region announced another identity, or a newer generation): the
     // peers that run this step must not wait for it -- this region's other gateways included.
     g_.transport->Abort(op->req.op_id, s);
-    if (request.type == MessageType::kRegionAllReduce) {
+    if (localproto::IsRegionAllReduce(request.type)) {
       g_.region_state.transport->Abort(op->region_op_id, s);
     }
     return s;
@@ -280,7 +280,7 @@ Status AllReduceService::Run(const Message& request, Operation* op,
                              collective::AllReduceStats* stats) {
   const int64_t started = MonotonicNanos();
   Status s;
-  if (request.type == MessageType::kRegionAllReduce) {
+  if (localproto::IsRegionAllReduce(request.type)) {
     s = g_.RunRegionAllReduce(op->req, op->region_op_id, stats);
   } else {
     s = collective::AllReduce(*g_.transport, op->req, stats);
@@ -335,7 +335,7 @@ Message AllReduceService::Reply(const Message& request, const Admission& a, cons
     }
   }
   reply.text = tc.ToString();
-  if (request.type == MessageType::kRegionAllReduce) {
+  if (localproto::IsRegionAllReduce(request.type)) {
     // The split among the region's gateways (each all-reduces its shard across the regions),
     // e.g. "zstd region_shards=334,333,333".
     reply.text +=
@@ -346,8 +346,8 @@ Message AllReduceService::Reply(const Message& request, const Admission& a, cons
   // reply gets back from the other regions (HandleFetch).
   g_.peer_control.results.Keep(
       GenerationKey(request.job, request.scope), request.generation, request.sequence,
-      request.type == MessageType::kAllReduceShm ? std::span<const uint8_t>(request.shm_data)
-                                                 : std::span<const uint8_t>(reply.data));
+      localproto::InSharedRegion(request.type) ? std::span<const uint8_t>(request.shm_data)
+                                               : std::span<const uint8_t>(reply.data));
   // The shard split (elements per owner, in rank order), e.g. "int8 shards=400,300,300".
   if (auto plan =
           collective::MakePlan(collective::PlanFor(op.req, static_cast<int>(g_.world.size())));

@@ -59,6 +59,7 @@ Message Gateway::Impl::Handle(Message& request) {
     case MessageType::kAllReduce:
     case MessageType::kAllReduceShm:
     case MessageType::kRegionAllReduce:
+    case MessageType::kRegionAllReduceShm:
     case MessageType::kAllReduceFrame: return allreduce.Handle(request);
     case MessageType::kJoinJob: return HandleJoin(request);
     case MessageType::kFetchResult: return HandleFetch(request);

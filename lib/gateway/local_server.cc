@@ -307,14 +307,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     greeted_ = true;
     request_.client_uid = uid_;
     if (request_.type == MessageType::kAttachShm) return AttachShm();
-    if (request_.type == MessageType::kAllReduceShm) {
+    if (localproto::InSharedRegion(request_.type)) {
       // The descriptor is checked against this connection's own region before anything runs:
       // a rank can name nothing but its own pages. Refused (marker 0): the step is not used.
       StatusOr<std::span<uint8_t>> slice =
           shm_ == nullptr
               ? StatusOr<std::span<uint8_t>>(FailedPreconditionError(
-                    "all-reduce-shm on a connection without a shared region; attach one first "
-                    "(attach-shm)"))
+                    std::string(localproto::MessageTypeName(request_.type)) +
+                    " on a connection without a shared region; attach one first (attach-shm)"))
               : shm_->Slice(request_.shm_offset,
                             request_.count * DataTypeSize(request_.dtype));
       if (!slice.ok()) {

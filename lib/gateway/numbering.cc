@@ -37,10 +37,7 @@ uint64_t IdentityWord(uint64_t generation, uint64_t sequence) {
 
 std::string IdentityText(const localproto::Message& request, const FrameInfo* frame) {
   // A tensor in shared memory is the same operation as one on the socket: regions pair them.
-  const localproto::MessageType type = request.type == localproto::MessageType::kAllReduceShm
-                                           ? localproto::MessageType::kAllReduce
-                                           : request.type;
-  std::string t = std::string(localproto::MessageTypeName(type)) +
+  std::string t = std::string(localproto::MessageTypeName(localproto::OnTheSocket(request.type))) +
                   " key=" + request.tensor_key + " count=" + std::to_string(request.count) +
                   " dtype=" + DataTypeName(request.dtype) + " op=" + ReduceOpName(request.op);
   if (frame != nullptr) {

@@ -125,7 +125,7 @@ std::optional<StatusCode> StatusCodeFromWire(uint64_t raw) noexcept {
 
 bool IsRequestType(uint8_t raw) noexcept {
   return (raw >= static_cast<uint8_t>(MessageType::kHello) &&
-          raw <= static_cast<uint8_t>(MessageType::kAllReduceShm));
+          raw <= static_cast<uint8_t>(MessageType::kRegionAllReduceShm));
 }
 
 bool IsMessageType(uint8_t raw) noexcept {
@@ -143,6 +143,7 @@ const char* MessageTypeName(MessageType type) noexcept {
     case MessageType::kFetchResult: return "fetch-result";
     case MessageType::kAttachShm: return "attach-shm";
     case MessageType::kAllReduceShm: return "all-reduce-shm";
+    case MessageType::kRegionAllReduceShm: return "region-all-reduce-shm";
     case MessageType::kStats: return "stats";
     case MessageType::kReply: return "reply";
     case MessageType::kTunnelListen: return "tunnel-listen";
@@ -180,11 +181,12 @@ StatusOr<std::vector<uint8_t>> Encode(const Message& m, const std::vector<uint8_
       break;
     case MessageType::kRegionAllReduce:  // the same fields
     case MessageType::kAllReduceShm:     // the same fields and an offset, no data
+    case MessageType::kRegionAllReduceShm:
     case MessageType::kAllReduce: {
       STRAIT_RETURN_IF_ERROR(CheckStr(m.job, "job id", kMaxNameBytes, true));
       STRAIT_RETURN_IF_ERROR(CheckStr(m.tensor_key, "tensor key", kMaxNameBytes, true));
       const size_t elem = DataTypeSize(m.dtype);
-      const bool shm = m.type == MessageType::kAllReduceShm;
+      const bool shm = InSharedRegion(m.type);
       if (shm && (elem == 0 || m.count > kMaxShmBytes / elem)) {
         return InvalidArgumentError("all-reduce-shm of " + std::to_string(m.count) +
                                     " elements is larger than a shared region may be");
@@ -336,8 +338,9 @@ Status DecodeInto(std::span<const uint8_t> body, uint32_t max_message_bytes, Mes
       break;
     case MessageType::kRegionAllReduce:  // the same fields
     case MessageType::kAllReduceShm:     // the same fields and an offset, no data
+    case MessageType::kRegionAllReduceShm:
     case MessageType::kAllReduce: {
-      const bool shm = m.type == MessageType::kAllReduceShm;
+      const bool shm = InSharedRegion(m.type);
       m.job = r.Str("job", kMaxNameBytes, true);
       m.tensor_key = r.Str("tensor key", kMaxNameBytes, true);
       const uint8_t dtype = static_cast<uint8_t>(r.Le(1, "dtype"));

@@ -59,6 +59,8 @@
 //                 count x dtype size bytes at `offset` of the connection's region, reduced in
 //                 place there; the reply (kReply to kAllReduceShm) carries no data on success
 //                 (its text as kAllReduce's) and the same refusal marker on error.
+//   kRegionAllReduceShm (16) the fields of kAllReduceShm: kRegionAllReduce on the tensor in the
+//                 connection's region, in place (the CollNet plugin's path).
 //   Tunnels (see "Tunnels" below):
 //   kTunnelListen  (nothing)
 //   kTunnelConnect string region, u32 shard, u64 listen id, u32 timeout_ms (0 = 30 s)
@@ -190,9 +192,25 @@ enum class MessageType : uint8_t {
   kFetchResult = 13,      // a committed step's result, from the other regions if need be
   kAttachShm = 14,        // a shared-memory region for the connection (its memfd follows)
   kAllReduceShm = 15,     // kAllReduce on a tensor in that region (a descriptor, no data)
+  kRegionAllReduceShm = 16,  // kRegionAllReduce on a tensor in that region
   kReply = 128,
 };
 const char* MessageTypeName(MessageType type) noexcept;
+// kAllReduceShm and kRegionAllReduceShm: the tensor lies in the connection's shared region.
+constexpr bool InSharedRegion(MessageType type) noexcept {
+  return type == MessageType::kAllReduceShm || type == MessageType::kRegionAllReduceShm;
+}
+// kRegionAllReduce in either form (the tensor on the socket or in the shared region).
+constexpr bool IsRegionAllReduce(MessageType type) noexcept {
+  return type == MessageType::kRegionAllReduce || type == MessageType::kRegionAllReduceShm;
+}
+// The type of the same operation with its tensor on the socket: how regions and the region's
+// gateways pair an operation whatever path each rank's tensor took.
+constexpr MessageType OnTheSocket(MessageType type) noexcept {
+  return type == MessageType::kAllReduceShm         ? MessageType::kAllReduce
+         : type == MessageType::kRegionAllReduceShm ? MessageType::kRegionAllReduce
+                                                    : type;
+}
 // Whether `raw` is a type of this version: a request type (everything but kReply), or a message
 // type at all.
 bool IsRequestType(uint8_t raw) noexcept;

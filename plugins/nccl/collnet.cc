@@ -31,6 +31,7 @@
 #include "common/endian.h"
 #include "common/random.h"
 #include "localproto/protocol.h"
+#include "localproto/shm.h"
 #include "plugins/nccl/api.h"
 #include "plugins/nccl/collnet_pipe.h"
 #include "plugins/nccl/config.h"
@@ -107,6 +108,9 @@ struct MemoryHandle {
 // only.
 struct Slot {
   GatewayPipe* pipe = nullptr;
+  // The region this slot shares with straitd (kAttachShm), or null: pieces then go through the
+  // socket. Outlives the pipe's calls (freed with the comm, after StopSlots).
+  std::unique_ptr<localproto::ShmRegion> shm;
   std::deque<Request*> queue;  // posted, not started
   Request* current = nullptr;  // running: its pieces go one at a time
   size_t at = 0;               // elements of `current` already reduced
@@ -273,7 +277,7 @@ Status StartPiece(CollComm* comm, int slot_index) {
   const size_t per_piece = std::max<size_t>(1, kCollNetPieceBytes / elem);
   const size_t n = std::min(per_piece, req.count - slot.at);
   Message m;
-  m.type = MessageType::kRegionAllReduce;
+  m.type = slot.shm != nullptr ? MessageType::kRegionAllReduceShm : MessageType::kRegionAllReduce;
   m.job = comm->job;
   m.tensor_key = key;
   m.dtype = req.dtype;
@@ -283,15 +287,25 @@ Status StartPiece(CollComm* comm, int slot_index) {
   m.generation = comm->generation;
   m.sequence = 1 + slot.pieces++ * kCollNetSlots + static_cast<uint64_t>(slot_index);
   m.scope = comm->scope;
-  const std::span<const uint8_t> send(static_cast<const uint8_t*>(req.send) + slot.at * elem,
-                                      n * elem);
-  const std::span<uint8_t> recv(static_cast<uint8_t*>(req.recv) + slot.at * elem, n * elem);
+  std::span<const uint8_t> send(static_cast<const uint8_t*>(req.send) + slot.at * elem, n * elem);
+  std::span<uint8_t> recv(static_cast<uint8_t*>(req.recv) + slot.at * elem, n * elem);
+  uint8_t* shared = nullptr;
+  if (slot.shm != nullptr) {
+    // Only the descriptor crosses the socket; straitd reduces the piece in the shared pages.
+    shared = slot.shm->data();
+    if (!send.empty()) std::memcpy(shared, send.data(), send.size());
+    send = {};
+    recv = {};
+  }
   Status s = slot.pipe->Call(
       m, send, recv, Deadline::AfterSeconds(kOperationWatchdogSeconds),
-      [comm, slot_index, n, key](Status st, Message) {
+      [comm, slot_index, n, elem, key, shared](Status st, Message) {
         Slot& sl = comm->slots[slot_index];
         sl.waiting = false;
         if (st.ok()) {
+          if (shared != nullptr && n > 0) {
+            std::memcpy(static_cast<uint8_t*>(sl.current->recv) + sl.at * elem, shared, n * elem);
+          }
           sl.at += n;
         } else {
           const Request& r = *sl.current;
@@ -506,6 +520,54 @@ Status ConnectBarrier(CollComm& comm, int64_t timeout_ns) {
   return Status::Ok();
 }
 
+// Gives every slot a region of one piece shared with straitd (kAttachShm), so that pieces move
+// as descriptors. A refusal (straitd cannot map it, or the kernel has no memfd) leaves that slot
+// on the socket and is logged once; only a broken connection fails the connect.
+Status AttachRegions(CollComm& comm) {
+  for (Slot& slot : comm.slots) {
+    auto region = localproto::ShmRegion::Create(kCollNetPieceBytes);
+    if (!region.ok()) {
+      api::Info("CollNet comm " + comm.id + ": no shared memory (" + region.status().ToString() +
+                "); tensors go through the socket");
+      return Status::Ok();
+    }
+    Message attach;
+    attach.type = MessageType::kAttachShm;
+    attach.shm_bytes = kCollNetPieceBytes;
+    const Deadline deadline = Deadline::AfterSeconds(kLocalCallSeconds);
+    auto w = std::make_shared<Waiter>();
+    GatewayPipe* pipe = slot.pipe;
+    const int fd = (*region)->fd();
+    Loop().Post([w, pipe, attach, deadline, fd] {
+      Status st = pipe->Call(
+          attach, {}, {}, deadline,
+          [w](Status done, Message reply) { w->Set(std::move(done), std::move(reply)); }, fd);
+      if (!st.ok()) w->Set(std::move(st));
+    });
+    // The region (and so its fd) must outlive the call: on a loop that does not answer it is
+    // leaked with the comm.
+    if (!w->Wait(deadline)) {
+      (void)region->release();
+      return LoopGone();
+    }
+    Status st;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      st = w->status;
+    }
+    if (!st.ok()) {
+      if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded) {
+        return st.WithContext("CollNet connect (attaching shared memory to straitd)");
+      }
+      api::Info("CollNet comm " + comm.id + ": straitd refused shared memory (" + st.ToString() +
+                "); tensors go through the socket");
+      return Status::Ok();
+    }
+    slot.shm = std::move(region).value();
+  }
+  return Status::Ok();
+}
+
 Status DoConnect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
   if (coll_comm == nullptr) return InvalidArgumentError("collComm is NULL");
   *coll_comm = nullptr;
@@ -548,6 +610,7 @@ Status DoConnect(void* handles[], int nranks, int rank, void* listen_comm, void*
   for (size_t i = 0; i < pipes.size(); ++i) comm->slots[i].pipe = pipes[i];
   // From here every failure closes the pipes on the loop (DestroyComm) before returning.
   Status s = opened.ok() ? ConnectBarrier(*comm, lc.config.connect_timeout_ns) : opened;
+  if (s.ok() && lc.config.local_shm) s = AttachRegions(*comm);
   if (!s.ok()) {
     DestroyComm(std::move(comm));
     return s;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/endian.h"
+#include "localproto/shm.h"
 
 namespace strait::nccl {
 namespace {
@@ -63,7 +64,8 @@ GatewayPipe* GatewayPipe::Open(uv_loop_t* loop, std::string path, std::string cl
 }
 
 Status GatewayPipe::Call(const Message& request, std::span<const uint8_t> send,
-                         std::span<uint8_t> recv, Deadline deadline, Done done) {
+                         std::span<uint8_t> recv, Deadline deadline, Done done,
+                         int pass_fd) {
   if (closed_) return InternalError("a call on a closed connection to straitd");
   if (!broken_.ok()) return broken_;
   Pending c;
@@ -77,6 +79,7 @@ Status GatewayPipe::Call(const Message& request, std::span<const uint8_t> send,
   c.recv = recv;
   c.deadline = deadline;
   c.done = std::move(done);
+  c.pass_fd = pass_fd;
   calls_.push_back(std::move(c));
   StartNext();
   return Status::Ok();
@@ -289,6 +292,15 @@ void GatewayPipe::OnWrite(uv_write_t* req, int status) {
     p->Fail(UnavailableError("local socket: write failed: " + UvText(status))
                 .WithContext("connection to straitd at " + p->path_));
     return;
+  }
+  if (!p->calls_.empty() && p->calls_.front().pass_fd >= 0) {
+    // The request's bytes are with the kernel, so the one byte fits at once (one try: the
+    // loop never waits); straitd reads it right after the request.
+    uv_os_fd_t fd = -1;
+    Status s = uv_fileno(reinterpret_cast<uv_handle_t*>(&p->pipe_), &fd) == 0
+                   ? localproto::SendFd(fd, p->calls_.front().pass_fd, Deadline::After(0))
+                   : UnavailableError("the connection has no descriptor");
+    if (!s.ok()) return p->Fail(s.WithContext("connection to straitd at " + p->path_));
   }
   p->MaybeFinish();
 }

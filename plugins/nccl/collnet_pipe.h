@@ -63,8 +63,10 @@ class GatewayPipe {
   // broken with kDataLoss); otherwise the reply's data (at most kMaxControlBodyBytes) comes in
   // reply.data. `done` runs once, on the loop, unless Close() comes first. An error returned
   // here (a request the protocol refuses, a connection already broken) means `done` never runs.
+  // With `pass_fd` >= 0, one byte carrying that descriptor (SCM_RIGHTS) follows the request
+  // (kAttachShm); the caller keeps the descriptor open until `done`.
   Status Call(const Message& request, std::span<const uint8_t> send, std::span<uint8_t> recv,
-              Deadline deadline, Done done);
+              Deadline deadline, Done done, int pass_fd = -1);
 
   // Stops all I/O at once; no callback runs afterwards. The pipe frees itself later.
   void Close();
@@ -79,6 +81,7 @@ class GatewayPipe {
     std::span<uint8_t> recv;
     Deadline deadline = Deadline::Infinite();
     Done done;
+    int pass_fd = -1;
   };
   enum class In { kLength, kFixedHead, kHeadRest, kData };
 

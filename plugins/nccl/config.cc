@@ -243,6 +243,14 @@ StatusOr<PluginConfig> ParseConfig(const EnvGetter& env) {
     }
     c.connect_timeout_ns = *ns;
   }
+  if (auto v = env("STRAIT_LOCAL_SHM")) {
+    if (*v != "0" && *v != "1") {
+      return Bad("STRAIT_LOCAL_SHM", *v,
+                 "1 (CollNet's tensors to straitd through shared memory, the default) or 0 "
+                 "(through the socket)");
+    }
+    c.local_shm = *v == "1";
+  }
   if (auto v = env("STRAIT_WAN_LATENCY_US")) {
     char* end = nullptr;
     const double us = std::strtod(v->c_str(), &end);

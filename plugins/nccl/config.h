@@ -63,6 +63,7 @@ struct PluginConfig {
   int64_t connect_timeout_ns = int64_t{60} * 1000 * 1000 * 1000;
   std::optional<double> wan_latency_us;  // unset: the default (see above)
   std::optional<int> wan_speed_mbps;     // unset: the interface's speed
+  bool local_shm = true;  // STRAIT_LOCAL_SHM: CollNet's tensors to straitd through shared memory
 };
 
 // What getProperties reports for latency when STRAIT_WAN_LATENCY_US is unset and STRAIT_GATEWAY is

@@ -639,7 +639,7 @@ TEST(LocalProtocol, RequestTypesAreExactlyTheEnumsBelowTheReply) {
     }
     EXPECT_EQ(IsMessageType(raw), IsRequestType(raw) || t == 128) << t;
   }
-  EXPECT_EQ(requests, 15);
+  EXPECT_EQ(requests, 16);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 
 #include "localproto/frame_io.h"
 #include "localproto/protocol.h"
+#include "localproto/shm.h"
 #include "plugins/nccl/nccl_net.h"
 #include "tests/common/free_ports.h"
 #include "tests/common/straitd_process.h"
@@ -365,9 +366,10 @@ TEST_F(CollNetEndToEnd, TwoHeadsOnOneStraitdFailConnectOnEveryHead) {
 }
 
 // A stand-in for straitd on a Unix socket, in this process: it answers hello, register-job and
-// tunnel-listen (region "us", shard 0) like straitd, answers the first `answered` region
-// all-reduces with their own data (a group of one head: the sum is the input), and closes the
-// connection on the next one, as a gateway that dies mid-operation would.
+// tunnel-listen (region "us", shard 0) like straitd, maps the shared regions the plugin attaches,
+// answers the first `answered` region all-reduces (on the socket or in the region) with their
+// own data (a group of one head: the sum is the input), and closes the connection on the next
+// one, as a gateway that dies mid-operation would.
 class FakeGateway {
  public:
   FakeGateway(std::string path, int answered) : path_(std::move(path)), answered_(answered) {
@@ -388,6 +390,10 @@ class FakeGateway {
     ::unlink(path_.c_str());
   }
   int region_allreduces() const { return region_allreduces_.load(); }
+  int shm_allreduces() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return shm_allreduces_;
+  }
   // The element count of every answered region all-reduce, in arrival order.
   std::vector<uint64_t> counts() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -406,6 +412,7 @@ class FakeGateway {
   void Serve(int c) {
     using localproto::Message;
     using localproto::MessageType;
+    std::unique_ptr<localproto::ShmRegion> region;
     while (!stop_) {
       pollfd p{c, POLLIN, 0};
       if (::poll(&p, 1, 50) <= 0) continue;
@@ -422,11 +429,28 @@ class FakeGateway {
       } else if (m->type == MessageType::kJoinJob) {
         reply.data.assign(8, 0);  // generation 1 (a region of one: nobody to agree with)
         reply.data[0] = 1;
-      } else if (m->type == MessageType::kRegionAllReduce) {
+      } else if (m->type == MessageType::kAttachShm) {
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 5000) <= 0) break;
+        auto fd = localproto::ReceiveFd(c);
+        if (!fd.ok() || *fd < 0) break;
+        auto adopted = localproto::ShmRegion::Adopt(*fd, m->shm_bytes);
+        if (!adopted.ok()) break;
+        region = std::move(adopted).value();
+      } else if (m->type == MessageType::kRegionAllReduce ||
+                 m->type == MessageType::kRegionAllReduceShm) {
         if (++region_allreduces_ > answered_) break;  // "dies" mid-operation
+        if (m->type == MessageType::kRegionAllReduceShm &&
+            (region == nullptr || !region->Slice(m->shm_offset, m->count * DataTypeSize(m->dtype)).ok())) {
+          break;
+        }
         std::lock_guard<std::mutex> lock(mu_);
         counts_.push_back(m->count);
-        reply.data = m->data;
+        if (m->type == MessageType::kRegionAllReduce) {
+          reply.data = m->data;
+        } else {
+          ++shm_allreduces_;  // the sum of one head is its input, already in the region
+        }
       }
       auto frame = localproto::EncodeMessage(reply);
       if (!frame.ok() || !localproto::WriteAll(c, *frame, Deadline::AfterSeconds(5)).ok()) break;
@@ -441,6 +465,7 @@ class FakeGateway {
   std::atomic<int> region_allreduces_{0};
   std::mutex mu_;
   std::vector<uint64_t> counts_;
+  int shm_allreduces_ = 0;
   std::thread accept_;
   std::vector<std::thread> serving_;  // touched by the accept thread only, until the join
 };
@@ -468,9 +493,25 @@ TEST_F(CollNetEndToEnd, TensorsOverSixteenMiBGoAsSeveralRegionAllReduces) {
   std::vector<Head> heads = RunHeads(specs, "pieces");
   EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
   EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
-  // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3.
+  // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3, those
+  // two as descriptors of the slot's shared region (the head checks the result it read back).
   const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
   EXPECT_EQ(fake.counts(), want);
+  EXPECT_EQ(fake.shm_allreduces(), 2);
+}
+
+TEST_F(CollNetEndToEnd, WithoutSharedMemoryThePiecesGoThroughTheSocket) {
+  FakeGateway fake(*dir_ + "/sock.sock", /*answered=*/1000);
+  std::vector<HeadSpec> specs(1);
+  specs[0].mode = "pieces";
+  specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/sock.sock";
+  specs[0].env["STRAIT_LOCAL_SHM"] = "0";
+  std::vector<Head> heads = RunHeads(specs, "pieces");
+  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
+  EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
+  const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
+  EXPECT_EQ(fake.counts(), want);
+  EXPECT_EQ(fake.shm_allreduces(), 0);
 }
 
 // Every CollNet connection lives on the plugin's one libuv loop: four comms with 64 requests in

@@ -34,6 +34,7 @@ TEST(PluginConfig, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(c->region_map.empty());
   EXPECT_EQ(c->compression, "auto");
   EXPECT_EQ(c->nsocks, 4);
+  EXPECT_TRUE(c->local_shm);
 }
 
 TEST(PluginConfig, EveryVariableIsRead) {
@@ -44,7 +45,8 @@ TEST(PluginConfig, EveryVariableIsRead) {
                                               {"STRAIT_COMPRESSION", "int8"},
                                               {"STRAIT_SOCKET_IFNAME", "^docker,lo"},
                                               {"STRAIT_NSOCKS", "16"},
-                                              {"STRAIT_CONNECT_TIMEOUT", "500ms"}}));
+                                              {"STRAIT_CONNECT_TIMEOUT", "500ms"},
+                                              {"STRAIT_LOCAL_SHM", "0"}}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->region, "us-east");
   EXPECT_EQ(c->region_map.size(), 1u);
@@ -54,6 +56,7 @@ TEST(PluginConfig, EveryVariableIsRead) {
   EXPECT_EQ(c->socket_ifname, "^docker,lo");
   EXPECT_EQ(c->nsocks, 16);
   EXPECT_EQ(c->connect_timeout_ns, 500 * 1000 * 1000);
+  EXPECT_FALSE(c->local_shm);
   EXPECT_FALSE(c->wan_latency_us.has_value());
   EXPECT_FALSE(c->wan_speed_mbps.has_value());
   c = ParseConfig(Env({{"STRAIT_WAN_LATENCY_US", "25000.5"}, {"STRAIT_WAN_SPEED_MBPS", "100"}}));
@@ -98,7 +101,9 @@ TEST(PluginConfig, BadValuesNameTheVariable) {
       {"STRAIT_WAN_LATENCY_US", "20ms"},
       {"STRAIT_WAN_LATENCY_US", "nan"},
       {"STRAIT_WAN_SPEED_MBPS", "0"},
-      {"STRAIT_WAN_SPEED_MBPS", "100.5"}};
+      {"STRAIT_WAN_SPEED_MBPS", "100.5"},
+      {"STRAIT_LOCAL_SHM", "yes"},
+      {"STRAIT_LOCAL_SHM", ""}};
   for (const auto& [var, value] : bad) {
     StatusOr<PluginConfig> c = ParseConfig(Env({{var, value}}));
     ASSERT_FALSE(c.ok()) << var << "=" << value;
