@@ -32,7 +32,9 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
     cuda_kernels_bench strait_nccl_allreduce strait_api nccl_backend_test nccl-net-strait \
     >build/cuda-build.log 2>&1 &
   cuda_pid=$!
-  trap '[ -n "$cuda_pid" ] && kill -- -"$cuda_pid" 2>/dev/null; report' EXIT
+  # An if, not `&&`: under set -e a failing kill (the build already over) would end the trap
+  # before the report.
+  trap 'if [ -n "$cuda_pid" ]; then kill -- -"$cuda_pid" 2>/dev/null || true; fi; report' EXIT
 else
   echo "test.sh: no nvcc (CUDA Toolkit) found: GPU code not compiled"
 fi

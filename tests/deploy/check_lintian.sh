@@ -34,14 +34,18 @@ else
   echo "lintian: $(basename "$deb") has no error or warning"
 fi
 
-# Self-test: without /usr/share/doc/strait/copyright lintian must fail.
+# Self-test: without /usr/share/doc/strait/copyright lintian must fail with no-copyright-file.
+# Only that check runs, on the package without its large files (the sanitizer build's binaries
+# make unpacking the whole .deb take a minute; the copyright check does not look at them).
 dpkg-deb -R "$deb" "$work/tree"
 rm "$work/tree/usr/share/doc/strait/copyright"
-sed -i '/usr\/share\/doc\/strait\/copyright$/d' "$work/tree/DEBIAN/md5sums"
+find "$work/tree/usr" -type f -size +64k -delete
+(cd "$work/tree" && find usr -type f -exec md5sum {} + >DEBIAN/md5sums)
 dpkg-deb --root-owner-group -b "$work/tree" "$work/broken.deb" >/dev/null
-if run_lintian "$work/broken.deb" >"$work/broken.txt"; then
+if run_lintian -C debian/copyright "$work/broken.deb" >"$work/broken.txt" ||
+   ! grep -q 'no-copyright-file' "$work/broken.txt"; then
   cat "$work/broken.txt"
-  echo "FAIL: self-test: lintian passed a .deb without its copyright file"
+  echo "FAIL: self-test: lintian did not report no-copyright-file for a .deb without it"
   failed=1
 fi
 exit "$failed"
