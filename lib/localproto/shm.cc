@@ -90,19 +90,28 @@ StatusOr<std::span<uint8_t>> ShmRegion::Slice(uint64_t offset, uint64_t bytes) c
 }
 
 Status SendFd(int sock, int fd, Deadline deadline) {
+  return SendFds(sock, std::span<const int>(&fd, 1), deadline);
+}
+
+Status SendFds(int sock, std::span<const int> fds, Deadline deadline) {
+  constexpr size_t kMaxFds = 8;
+  if (fds.empty() || fds.size() > kMaxFds) {
+    return InvalidArgumentError("passing " + std::to_string(fds.size()) +
+                                " descriptors; allowed 1.." + std::to_string(kMaxFds));
+  }
   uint8_t byte = 0;
   iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   for (;;) {
     const ssize_t rc = ::sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (rc == 1) return Status::Ok();

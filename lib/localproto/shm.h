@@ -60,6 +60,8 @@ class ShmRegion {
 // Sends `fd` over the Unix socket `sock` as SCM_RIGHTS with one data byte (kAttachShm's second
 // part). kUnavailable when the peer is gone, kDeadlineExceeded at the deadline.
 Status SendFd(int sock, int fd, Deadline deadline);
+// SendFd of 1..8 descriptors in one message (a peer must refuse more than one; tests send two).
+Status SendFds(int sock, std::span<const int> fds, Deadline deadline);
 // Receives the byte SendFd sends and the fd it carries, without waiting (the caller waited for
 // the socket to be readable): the fd (close-on-exec, owned by the caller), -1 when nothing has
 // arrived yet (EAGAIN: wait again), kInvalidArgument when the byte came without exactly one fd

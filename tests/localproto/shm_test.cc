@@ -141,25 +141,13 @@ TEST(SharedMemoryFd, ExactlyOneDescriptorPassesAndAnythingElseIsRefused) {
   EXPECT_NE(bare.status().message().find("carried 0 descriptors"), std::string::npos);
 
   // Two descriptors with the byte: refused, and both closed here.
-  int two[2] = {(*r)->fd(), (*r)->fd()};
-  uint8_t b = 0;
-  iovec iov{&b, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(two))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(two));
-  std::memcpy(CMSG_DATA(c), two, sizeof(two));
-  ASSERT_EQ(::sendmsg(sv[0], &msg, 0), 1);
+  const int two[2] = {(*r)->fd(), (*r)->fd()};
+  ASSERT_TRUE(SendFds(sv[0], two, Deadline::AfterSeconds(5)).ok());
   auto many = ReceiveFd(sv[1]);
   EXPECT_EQ(many.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(many.status().message().find("carried 2 descriptors"), std::string::npos);
 
+  EXPECT_EQ(SendFds(sv[0], {}, Deadline::AfterSeconds(5)).code(), StatusCode::kInvalidArgument);
   ::close(sv[0]);
   auto gone = ReceiveFd(sv[1]);
   EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);

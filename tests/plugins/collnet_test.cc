@@ -204,6 +204,8 @@ struct Head : test::NodeProcess {
 
 class CollNetEndToEnd : public ::testing::Test {
  protected:
+  // Defined with FakeGateway below.
+  int RunPieces(const std::string& local_shm);
   static void SetUpTestSuite() {
     char tmpl[] = "/tmp/strait-collnet-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
@@ -485,33 +487,31 @@ TEST_F(CollNetEndToEnd, GatewayLostMidOperationFailsTheRequestNotAHang) {
   EXPECT_EQ(fake.region_allreduces(), 2);
 }
 
-TEST_F(CollNetEndToEnd, TensorsOverSixteenMiBGoAsSeveralRegionAllReduces) {
+// One head runs mode "pieces" (16 MiB + 3 float32, checked against its input) against a
+// FakeGateway; returns how many of its pieces came as shared-region descriptors.
+int CollNetEndToEnd::RunPieces(const std::string& local_shm) {
   FakeGateway fake(*dir_ + "/echo.sock", /*answered=*/1000);
   std::vector<HeadSpec> specs(1);
   specs[0].mode = "pieces";
   specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/echo.sock";
+  if (!local_shm.empty()) specs[0].env["STRAIT_LOCAL_SHM"] = local_shm;
   std::vector<Head> heads = RunHeads(specs, "pieces");
   EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
   EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
-  // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3, those
-  // two as descriptors of the slot's shared region (the head checks the result it read back).
+  // The connect barrier (2 x int64), then the tensor: 16 MiB of float32, then the last 3.
   const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
   EXPECT_EQ(fake.counts(), want);
-  EXPECT_EQ(fake.shm_allreduces(), 2);
+  return fake.shm_allreduces();
+}
+
+// The two pieces after the barrier go as descriptors of the slot's shared region (the head
+// checks the result it read back).
+TEST_F(CollNetEndToEnd, TensorsOverSixteenMiBGoAsSeveralRegionAllReduces) {
+  EXPECT_EQ(RunPieces(""), 2);
 }
 
 TEST_F(CollNetEndToEnd, WithoutSharedMemoryThePiecesGoThroughTheSocket) {
-  FakeGateway fake(*dir_ + "/sock.sock", /*answered=*/1000);
-  std::vector<HeadSpec> specs(1);
-  specs[0].mode = "pieces";
-  specs[0].env["STRAIT_GATEWAY"] = *dir_ + "/sock.sock";
-  specs[0].env["STRAIT_LOCAL_SHM"] = "0";
-  std::vector<Head> heads = RunHeads(specs, "pieces");
-  EXPECT_EQ(heads[0].exit_code, 0) << heads[0].output;
-  EXPECT_NE(heads[0].output.find("\nOK"), std::string::npos) << heads[0].output;
-  const std::vector<uint64_t> want = {2, kCollNetPieceBytes / 4, 3};
-  EXPECT_EQ(fake.counts(), want);
-  EXPECT_EQ(fake.shm_allreduces(), 0);
+  EXPECT_EQ(RunPieces("0"), 0);
 }
 
 // Every CollNet connection lives on the plugin's one libuv loop: four comms with 64 requests in
