@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +113,50 @@ TEST_F(GatewayPair, SharedRegionAndSocketGiveTheSameResults) {
   EXPECT_EQ(AllReduceBoth("both", 1 << 18), 0u);
   EXPECT_GT(clients_[1]->shared_region_bytes(), 0u);
   EXPECT_EQ(MappedRegions(), 4);  // each client's own mapping and its gateway's
+}
+
+// A rank of another uid (allowed on the socket) that names a job it does not own is refused
+// (kPermissionDenied, before the step is used): its region never receives that job's data, and
+// the owner's all-reduces go on.
+TEST_F(GatewayPair, AnotherUidsRegionNeverReceivesAJobItDoesNotOwn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  config_.allowed_uids = {::getuid(), 65534};
+  StartBoth();
+  // The other uid keeps gid 0, so the group bits let it reach the socket.
+  ASSERT_EQ(::chmod(dir_.c_str(), 0750), 0);
+  EXPECT_EQ(AllReduceBoth("before", 1 << 16), 0u);  // the job has its owner and a step behind it
+  StatusOr<Message> refused = UnavailableError("not run");
+  std::vector<uint8_t> seen;
+  // Another uid on this thread only (the raw syscall leaves the other threads alone);
+  // SO_PEERCRED records it at connect, and its memfd is its own.
+  std::thread other([&] {
+    if (::syscall(SYS_setresuid, -1, 65534, -1) != 0) {
+      refused = InternalError("setresuid failed");
+      return;
+    }
+    RawConnection c(config_.local_socket);
+    auto region = localproto::ShmRegion::Create(1 << 20);
+    if (!region.ok()) {
+      refused = region.status();
+      return;
+    }
+    std::memset((*region)->data(), 0x5a, 1 << 20);
+    auto attached = c.Attach(1 << 20, (*region)->fd());
+    if (!attached.ok() || attached->code != StatusCode::kOk) {
+      refused = attached.ok() ? Status(attached->code, attached->text) : attached.status();
+      return;
+    }
+    refused = c.AllReduceShm(0, 1000);  // job "job", the owner's
+    seen.assign((*region)->data(), (*region)->data() + 4000);
+  });
+  other.join();
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->code, StatusCode::kPermissionDenied) << refused->text;
+  EXPECT_NE(refused->text.find("uid 65534"), std::string::npos) << refused->text;
+  EXPECT_EQ(refused->data, std::vector<uint8_t>{0});
+  ASSERT_EQ(seen.size(), 4000u);
+  for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 0x5a) << i;
+  EXPECT_EQ(AllReduceBoth("after", 1 << 16), 0u);
 }
 
 // A descriptor that does not lie inside the connection's region is refused before anything is
