@@ -369,6 +369,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void AttachShm() {
     if (shm_ != nullptr) core_.CountShmRegion(-1);
     shm_.reset();
+    // Waiting for the client like a read: a stopping server closes the connection now rather
+    // than after the I/O timeout.
+    busy_ = false;
     ArmTimer(std::chrono::nanoseconds(core_.options().io_timeout_ns));
     WaitForFd(request_.shm_bytes);
   }

@@ -70,6 +70,13 @@ class RawConnection {
     }
     return localproto::ReadReply(fd_, MessageType::kAttachShm, Deadline::AfterSeconds(5));
   }
+  // kAttachShm alone, its descriptor never sent.
+  bool AttachWithoutTheFd(uint64_t bytes) {
+    Message m;
+    m.type = MessageType::kAttachShm;
+    m.shm_bytes = bytes;
+    return localproto::WriteMessage(fd_, m, Deadline::AfterSeconds(5)).ok();
+  }
   StatusOr<Message> AllReduceShm(uint64_t offset, uint64_t count) {
     Message m;
     m.type = MessageType::kAllReduceShm;
@@ -221,6 +228,20 @@ TEST_F(GatewayServer, OnlySealedMemfdsOfTheAnnouncedSizeAreMapped) {
   expect_refused(c.Attach(4096, -1), "carried 0 descriptors");
   EXPECT_EQ(MappedRegions(), 1);  // `small`'s own mapping only
   EXPECT_NE(StatsOf(*gateway_).find("shm_regions 0\n"), std::string::npos) << StatsOf(*gateway_);
+}
+
+// A client that announces a region and never passes its memfd holds neither the gateway's
+// shutdown (which closes it at once instead of after the 30 s I/O timeout) nor anyone else.
+TEST_F(GatewayServer, AnAttachWithoutItsFdDoesNotHoldTheShutdown) {
+  StartGateway();
+  RawConnection c(config_.local_socket);
+  ASSERT_TRUE(c.AttachWithoutTheFd(4096));
+  RawConnection other(config_.local_socket);
+  EXPECT_TRUE(other.Serves());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the gateway is waiting now
+  const auto t0 = std::chrono::steady_clock::now();
+  gateway_->Shutdown(Deadline::AfterSeconds(1));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 // A rank's region is unmapped when its connection ends: closed, or its process killed while it
