@@ -218,13 +218,15 @@ bool RunOnLoop(std::function<void()> fn) {
 
 // One call on `pipe` (run by the loop), waited for. The buffers must outlive the call: they do
 // unless the loop stopped (LoopGone), in which case the caller must leak them.
+// `pass_fd` as GatewayPipe::Call's (kAttachShm).
 StatusOr<Message> CallAndWait(GatewayPipe* pipe, const Message& request,
                               std::span<const uint8_t> send, std::span<uint8_t> recv,
-                              Deadline deadline) {
+                              Deadline deadline, int pass_fd = -1) {
   auto w = std::make_shared<Waiter>();
-  Loop().Post([w, pipe, request, send, recv, deadline] {
-    Status s = pipe->Call(request, send, recv, deadline,
-                          [w](Status st, Message reply) { w->Set(std::move(st), std::move(reply)); });
+  Loop().Post([w, pipe, request, send, recv, deadline, pass_fd] {
+    Status s = pipe->Call(
+        request, send, recv, deadline,
+        [w](Status st, Message reply) { w->Set(std::move(st), std::move(reply)); }, pass_fd);
     if (!s.ok()) w->Set(std::move(s));
   });
   if (!w->Wait(deadline)) return LoopGone();
@@ -534,28 +536,17 @@ Status AttachRegions(CollComm& comm) {
     Message attach;
     attach.type = MessageType::kAttachShm;
     attach.shm_bytes = kCollNetPieceBytes;
-    const Deadline deadline = Deadline::AfterSeconds(kLocalCallSeconds);
-    auto w = std::make_shared<Waiter>();
-    GatewayPipe* pipe = slot.pipe;
-    const int fd = (*region)->fd();
-    Loop().Post([w, pipe, attach, deadline, fd] {
-      Status st = pipe->Call(
-          attach, {}, {}, deadline,
-          [w](Status done, Message reply) { w->Set(std::move(done), std::move(reply)); }, fd);
-      if (!st.ok()) w->Set(std::move(st));
-    });
     // The region (and so its fd) must outlive the call: on a loop that does not answer it is
     // leaked with the comm.
-    if (!w->Wait(deadline)) {
-      (void)region->release();
-      return LoopGone();
+    StatusOr<Message> reply =
+        CallAndWait(slot.pipe, attach, {}, {}, Deadline::AfterSeconds(kLocalCallSeconds),
+                    (*region)->fd());
+    if (!reply.ok() && reply.status().message() == LoopGone().message()) {
+      (void)region->release();  // the loop may still use the fd
+      return reply.status();
     }
-    Status st;
-    {
-      std::lock_guard<std::mutex> lock(w->mu);
-      st = w->status;
-    }
-    if (!st.ok()) {
+    if (!reply.ok()) {
+      const Status& st = reply.status();
       if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded) {
         return st.WithContext("CollNet connect (attaching shared memory to straitd)");
       }
