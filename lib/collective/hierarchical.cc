@@ -43,15 +43,19 @@ size_t ElemOf(const RegionOperation& o) {
   return DataTypeSize(o.dtype);
 }
 
+// Header and payload appended into a buffer with the transport's headroom (kSendHeadroom): one
+// fresh buffer per message, written once, never zero-filled first.
 std::vector<uint8_t> Message(const RegionOperation& o, Kind kind, const uint8_t* payload,
                              size_t size) {
-  std::vector<uint8_t> out(kHierarchicalHeaderSize + size);
+  std::vector<uint8_t> out;
+  out.reserve(kHierarchicalHeaderSize + size + kSendHeadroom);
+  out.resize(kHierarchicalHeaderSize);
   out[0] = kHierarchicalVersion;
   out[1] = static_cast<uint8_t>(kind);
   out[2] = static_cast<uint8_t>(o.dtype);
   out[3] = static_cast<uint8_t>(o.op);
   PutU64(&out[8], o.plan->count);
-  if (size > 0) std::memcpy(out.data() + kHierarchicalHeaderSize, payload, size);
+  if (size > 0) out.insert(out.end(), payload, payload + size);
   return out;
 }
 
@@ -203,41 +207,48 @@ Status RegionReduceScatter(RegionOperation& o) {
   }
   const bool float_path = IsFloatReduction(o.dtype, o.op);
   const ReduceOp exact_op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
-  std::vector<uint8_t> msg;
-  std::vector<float> facc, in;
-  std::vector<uint8_t> tacc;
+  // Every member's part of a chunk is received first, then reduced block by block in member
+  // order 0..m-1 through small scratch buffers: the sum is the same as over whole chunks, and no
+  // chunk-sized buffer is allocated (and faulted in) per operation.
+  constexpr size_t kBlock = 8192;
+  std::vector<std::vector<uint8_t>> msgs(static_cast<size_t>(m));
+  std::vector<const uint8_t*> parts(static_cast<size_t>(m));
+  std::vector<float> facc(float_path ? kBlock : 0), in(float_path ? kBlock : 0);
+  std::vector<uint8_t> tacc(float_path ? 0 : kBlock * elem);
   for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
     const Chunk& chunk = plan.ChunkOf(me, k);
     uint8_t* const mine = o.data + chunk.begin * elem;
-    const size_t n = chunk.count;
-    facc.resize(float_path ? n : 0);
-    in.resize(float_path ? n : 0);
-    tacc.resize(float_path ? 0 : n * elem);
     for (int g = 0; g < m; ++g) {
-      const uint8_t* part = mine;
-      if (g != me) {
-        STRAIT_RETURN_IF_ERROR(Receive(o, g, TagPhase::kMeshScatter, chunk, "part", &msg));
-        part = msg.data() + kHierarchicalHeaderSize;
-      }
-      if (float_path) {
-        STRAIT_RETURN_IF_ERROR(ConvertToFloat(part, o.dtype, g == 0 ? facc.data() : in.data(), n));
-        if (g > 0) {
-          for (size_t i = 0; i < n; ++i) facc[i] += in[i];
-        }
-      } else if (g == 0) {
-        std::memcpy(tacc.data(), part, n * elem);
-      } else {
-        STRAIT_RETURN_IF_ERROR(ReduceInPlace(o.dtype, exact_op, part, tacc.data(), n));
-      }
+      const size_t gi = static_cast<size_t>(g);
+      parts[gi] = mine;
+      if (g == me) continue;
+      STRAIT_RETURN_IF_ERROR(Receive(o, g, TagPhase::kMeshScatter, chunk, "part", &msgs[gi]));
+      parts[gi] = msgs[gi].data() + kHierarchicalHeaderSize;
     }
-    if (float_path) {
-      if (o.op == ReduceOp::kAvg) {
-        const float divisor = static_cast<float>(m);
-        for (float& x : facc) x /= divisor;
+    for (size_t at = 0; at < chunk.count; at += kBlock) {
+      const size_t n = std::min(kBlock, chunk.count - at);
+      const size_t off = at * elem;
+      if (float_path) {
+        for (int g = 0; g < m; ++g) {
+          float* dst = g == 0 ? facc.data() : in.data();
+          STRAIT_RETURN_IF_ERROR(ConvertToFloat(parts[static_cast<size_t>(g)] + off, o.dtype, dst, n));
+          if (g > 0) {
+            for (size_t i = 0; i < n; ++i) facc[i] += in[i];
+          }
+        }
+        if (o.op == ReduceOp::kAvg) {
+          const float divisor = static_cast<float>(m);
+          for (size_t i = 0; i < n; ++i) facc[i] /= divisor;
+        }
+        STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc.data(), mine + off, o.dtype, n));
+      } else {
+        std::memcpy(tacc.data(), parts[0] + off, n * elem);
+        for (int g = 1; g < m; ++g) {
+          STRAIT_RETURN_IF_ERROR(
+              ReduceInPlace(o.dtype, exact_op, parts[static_cast<size_t>(g)] + off, tacc.data(), n));
+        }
+        std::memcpy(mine + off, tacc.data(), n * elem);
       }
-      STRAIT_RETURN_IF_ERROR(ConvertFromFloat(facc.data(), mine, o.dtype, n));
-    } else {
-      std::memcpy(mine, tacc.data(), n * elem);
     }
   }
   return Status::Ok();

@@ -224,16 +224,30 @@ size_t NetTransport::BufferedMessages() const { return shared_->mailbox.Buffered
 
 const Mailbox& NetTransport::mailbox() const { return shared_->mailbox; }
 
+void NetTransport::WriteHeader(NetMessageKind kind, uint64_t tag, uint8_t* out) const {
+  std::memset(out, 0, kNetTransportHeaderSize);
+  out[0] = kNetTransportVersion;
+  out[1] = static_cast<uint8_t>(kind);
+  PutU32(out + 4, static_cast<uint32_t>(rank_));
+  PutU64(out + 8, tag);
+  PutU64(out + 16, incarnation_);
+}
+
 void NetTransport::SendOn(const std::shared_ptr<net::Link>& link, int peer, NetMessageKind kind,
                           uint64_t tag, const uint8_t* payload, size_t size, uint32_t lane,
                           Deadline deadline, SendDone done) {
-  std::vector<uint8_t> message(kNetTransportHeaderSize + size);
-  message[0] = kNetTransportVersion;
-  message[1] = static_cast<uint8_t>(kind);
-  PutU32(&message[4], static_cast<uint32_t>(rank_));
-  PutU64(&message[8], tag);
-  PutU64(&message[16], incarnation_);
-  if (size > 0) std::memcpy(message.data() + kNetTransportHeaderSize, payload, size);
+  // Header and payload appended (not a zero-filled buffer written over).
+  std::vector<uint8_t> message;
+  message.reserve(kNetTransportHeaderSize + size);
+  message.resize(kNetTransportHeaderSize);
+  WriteHeader(kind, tag, message.data());
+  if (size > 0) message.insert(message.end(), payload, payload + size);
+  SendMessage(link, peer, std::move(message), lane, deadline, std::move(done));
+}
+
+void NetTransport::SendMessage(const std::shared_ptr<net::Link>& link, int peer,
+                               std::vector<uint8_t> message, uint32_t lane, Deadline deadline,
+                               SendDone done) {
   link->Send(channel_ + lane, std::move(message), deadline,
              [shared = shared_, peer, weak = std::weak_ptr<net::Link>(link), name = PeerName(peer),
               done = std::move(done)](Status status) {
@@ -269,6 +283,13 @@ void NetTransport::Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Dead
   }
   // The op id's lane picks the channel (see the constructor).
   const uint32_t lane = static_cast<uint32_t>(OpOfTag(tag) % channels_);
+  if (bytes.capacity() - bytes.size() >= kNetTransportHeaderSize) {
+    // The sender left room (kSendHeadroom): the header goes in front within the same buffer.
+    bytes.insert(bytes.begin(), kNetTransportHeaderSize, uint8_t{0});
+    WriteHeader(NetMessageKind::kData, tag, bytes.data());
+    SendMessage(link, peer, std::move(bytes), lane, deadline, std::move(done));
+    return;
+  }
   SendOn(link, peer, NetMessageKind::kData, tag, bytes.data(), bytes.size(), lane, deadline,
          std::move(done));
 }

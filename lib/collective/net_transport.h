@@ -70,6 +70,7 @@ namespace strait::collective {
 
 inline constexpr uint8_t kNetTransportVersion = 3;
 inline constexpr size_t kNetTransportHeaderSize = 24;
+static_assert(kSendHeadroom >= kNetTransportHeaderSize, "senders leave room for the header");
 enum class NetMessageKind : uint8_t {
   kData = 0,
   kAbort = 1,
@@ -146,6 +147,11 @@ class NetTransport final : public Transport {
   void SendOn(const std::shared_ptr<net::Link>& link, int peer, NetMessageKind kind,
               uint64_t tag, const uint8_t* payload, size_t size, uint32_t lane,
               Deadline deadline, SendDone done);
+  // The kNetTransportHeaderSize-byte header of a message of `kind` under `tag`, into `out`.
+  void WriteHeader(NetMessageKind kind, uint64_t tag, uint8_t* out) const;
+  // Sends a framed message (header in front) on the lane's channel; a dead link fails the peer.
+  void SendMessage(const std::shared_ptr<net::Link>& link, int peer, std::vector<uint8_t> message,
+                   uint32_t lane, Deadline deadline, SendDone done);
 };
 
 }  // namespace strait::collective

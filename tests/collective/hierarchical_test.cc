@@ -493,67 +493,72 @@ TEST(RegionPhases, ReduceScatterReducesEachShardInMemberOrderAndAllGatherSharesI
                         {DataType::kBfloat16, ReduceOp::kAvg},
                         {DataType::kInt32, ReduceOp::kMax},
                         {DataType::kInt32, ReduceOp::kAvg}};
-  for (const int m : {1, 3}) {
-    for (const Case& c : cases) {
-      const std::string what = std::string(DataTypeName(c.dtype)) + " " + ReduceOpName(c.op) +
-                               ", m = " + std::to_string(m);
-      const size_t count = 1001;  // shards of 334, 334, 333 elements, chunks of at most 100
-      const size_t elem = DataTypeSize(c.dtype);
-      auto plan = RegionPlan(count, m, 100);
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      const Buffers inputs = Inputs(1, m, count, c.dtype);
-      const std::vector<uint8_t> want = RegionReference(inputs, count, c.dtype, c.op);
-      LocalWorld world(m);
-      Buffers data = inputs;
-      Buffers after_scatter(static_cast<size_t>(m));
-      std::vector<RegionOperation> ops;
-      std::vector<size_t> tracked(size_t(m), 0);
-      auto failed_sends = std::make_shared<std::atomic<int>>(0);
-      for (int g = 0; g < m; ++g) {
-        ops.push_back(RegionOp(world, g, *plan, data[size_t(g)], c.dtype, c.op));
-        ops.back().track_send = [&tracked, g, failed_sends] {
-          ++tracked[size_t(g)];
-          return SendDone([failed_sends](const Status& s) {
-            if (!s.ok()) ++*failed_sends;
-          });
-        };
-      }
-      std::vector<Status> st(static_cast<size_t>(m));
-      std::vector<std::thread> threads;
-      for (int g = 0; g < m; ++g) {
-        threads.emplace_back([&, g] {
-          st[size_t(g)] = RegionReduceScatter(ops[size_t(g)]);
-          after_scatter[size_t(g)] = data[size_t(g)];
-          if (st[size_t(g)].ok()) st[size_t(g)] = RegionAllGather(ops[size_t(g)]);
-        });
-      }
-      for (auto& t : threads) t.join();
-      EXPECT_EQ(*failed_sends, 0) << what;
-      for (int g = 0; g < m; ++g) {
-        ASSERT_TRUE(st[size_t(g)].ok()) << what << ", member " << g << ": " << st[size_t(g)];
-        // After phase 1: the member's own shard is reduced; the rest is still its input.
-        const Shard shard = plan->shards[size_t(g)];
-        for (size_t i = 0; i < count * elem; ++i) {
-          const bool own = i >= shard.begin * elem && i < (shard.begin + shard.count) * elem;
-          ASSERT_EQ(after_scatter[size_t(g)][i], own ? want[i] : inputs[size_t(g)][i])
-              << what << ", member " << g << ", byte " << i;
+  // 1001 elements: shards of 334, 334, 333, chunks of at most 100. 60001 in chunks of 20000:
+  // a chunk spans several of the reduction's 8192-element blocks, the last one partial.
+  const std::pair<size_t, size_t> sizes[] = {{1001, 100}, {60001, 20000}};
+  for (const auto& [count, chunk_elements] : sizes) {
+    for (const int m : {1, 3}) {
+      for (const Case& c : cases) {
+        const std::string what = std::string(DataTypeName(c.dtype)) + " " + ReduceOpName(c.op) +
+                                 ", m = " + std::to_string(m) + ", " + std::to_string(count) +
+                                 " elements";
+        const size_t elem = DataTypeSize(c.dtype);
+        auto plan = RegionPlan(count, m, chunk_elements);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        const Buffers inputs = Inputs(1, m, count, c.dtype);
+        const std::vector<uint8_t> want = RegionReference(inputs, count, c.dtype, c.op);
+        LocalWorld world(m);
+        Buffers data = inputs;
+        Buffers after_scatter(static_cast<size_t>(m));
+        std::vector<RegionOperation> ops;
+        std::vector<size_t> tracked(size_t(m), 0);
+        auto failed_sends = std::make_shared<std::atomic<int>>(0);
+        for (int g = 0; g < m; ++g) {
+          ops.push_back(RegionOp(world, g, *plan, data[size_t(g)], c.dtype, c.op));
+          ops.back().track_send = [&tracked, g, failed_sends] {
+            ++tracked[size_t(g)];
+            return SendDone([failed_sends](const Status& s) {
+              if (!s.ok()) ++*failed_sends;
+            });
+          };
         }
-        // After phase 3: everything is the reduction, on every member.
-        EXPECT_TRUE(data[size_t(g)] == want) << what << ", member " << g;
-        // Phase 1 sends one message per chunk of every other shard, phase 3 one per own chunk
-        // and other member; every message is the 16-byte header plus the chunk.
-        const size_t own_chunks = plan->ChunkCount(g);
-        const size_t other_chunks = plan->chunks.size() - own_chunks;
-        EXPECT_EQ(tracked[size_t(g)], other_chunks + own_chunks * size_t(m - 1)) << what;
-        const uint64_t sent = (count - shard.count) * elem + 16 * other_chunks +
-                              uint64_t(m - 1) * (shard.count * elem + 16 * own_chunks);
-        const uint64_t received = uint64_t(m - 1) * (shard.count * elem + 16 * own_chunks) +
-                                  (count - shard.count) * elem + 16 * other_chunks;
-        EXPECT_EQ(ops[size_t(g)].bytes_sent, sent) << what << ", member " << g;
-        EXPECT_EQ(ops[size_t(g)].bytes_received, received) << what << ", member " << g;
-        EXPECT_FALSE(ops[size_t(g)].peer_aborted) << what;
+        std::vector<Status> st(static_cast<size_t>(m));
+        std::vector<std::thread> threads;
+        for (int g = 0; g < m; ++g) {
+          threads.emplace_back([&, g] {
+            st[size_t(g)] = RegionReduceScatter(ops[size_t(g)]);
+            after_scatter[size_t(g)] = data[size_t(g)];
+            if (st[size_t(g)].ok()) st[size_t(g)] = RegionAllGather(ops[size_t(g)]);
+          });
+        }
+        for (auto& t : threads) t.join();
+        EXPECT_EQ(*failed_sends, 0) << what;
+        for (int g = 0; g < m; ++g) {
+          ASSERT_TRUE(st[size_t(g)].ok()) << what << ", member " << g << ": " << st[size_t(g)];
+          // After phase 1: the member's own shard is reduced; the rest is still its input.
+          const Shard shard = plan->shards[size_t(g)];
+          for (size_t i = 0; i < count * elem; ++i) {
+            const bool own = i >= shard.begin * elem && i < (shard.begin + shard.count) * elem;
+            ASSERT_EQ(after_scatter[size_t(g)][i], own ? want[i] : inputs[size_t(g)][i])
+                << what << ", member " << g << ", byte " << i;
+          }
+          // After phase 3: everything is the reduction, on every member.
+          EXPECT_TRUE(data[size_t(g)] == want) << what << ", member " << g;
+          // Phase 1 sends one message per chunk of every other shard, phase 3 one per own chunk
+          // and other member; every message is the 16-byte header plus the chunk.
+          const size_t own_chunks = plan->ChunkCount(g);
+          const size_t other_chunks = plan->chunks.size() - own_chunks;
+          EXPECT_EQ(tracked[size_t(g)], other_chunks + own_chunks * size_t(m - 1)) << what;
+          const uint64_t sent = (count - shard.count) * elem + 16 * other_chunks +
+                                uint64_t(m - 1) * (shard.count * elem + 16 * own_chunks);
+          const uint64_t received = uint64_t(m - 1) * (shard.count * elem + 16 * own_chunks) +
+                                    (count - shard.count) * elem + 16 * other_chunks;
+          EXPECT_EQ(ops[size_t(g)].bytes_sent, sent) << what << ", member " << g;
+          EXPECT_EQ(ops[size_t(g)].bytes_received, received) << what << ", member " << g;
+          EXPECT_FALSE(ops[size_t(g)].peer_aborted) << what;
+        }
+        for (int g = 0; g < m; ++g) EXPECT_EQ(world.BufferedMessages(g), 0u) << what;
       }
-      for (int g = 0; g < m; ++g) EXPECT_EQ(world.BufferedMessages(g), 0u) << what;
     }
   }
 }

@@ -318,5 +318,38 @@ TEST_F(CollectiveOverNet, ANewIncarnationDropsThePeersOldMessages) {
             StatusCode::kDeadlineExceeded);
 }
 
+// A message with kSendHeadroom of spare capacity is framed in its own buffer, one without is
+// copied into a framed one: the receiver gets the same bytes either way, at every size (empty,
+// one byte, several link chunks), and the sender's completion reports success.
+TEST_F(CollectiveOverNet, MessagesWithAndWithoutHeadroomArriveIntact) {
+  WaitForIncarnations(gateways_);
+  uint64_t chunk = 0;
+  for (const size_t size : {size_t{0}, size_t{1}, size_t{300'001}}) {
+    for (const bool headroom : {true, false}) {
+      std::vector<uint8_t> payload;
+      if (headroom) payload.reserve(size + kSendHeadroom);
+      payload.resize(size);  // without the reserve: capacity == size
+      for (size_t i = 0; i < size; ++i) payload[i] = static_cast<uint8_t>(i * 31 + size);
+      ASSERT_EQ(payload.capacity() - payload.size() >= kNetTransportHeaderSize, headroom)
+          << "the test's own premise: which path this message takes";
+      const std::vector<uint8_t> expected = payload;
+      const uint64_t tag = MakeTag(9, TagPhase::kMeshScatter, chunk++);
+      std::atomic<bool> done{false};
+      Status sent = InternalError("not done");
+      gateways_[2].transport->Send(0, tag, std::move(payload), Deadline::AfterSeconds(10),
+                                   [&](Status st) {
+                                     sent = st;
+                                     done = true;
+                                   });
+      std::vector<uint8_t> out;
+      ASSERT_TRUE(gateways_[0].transport->Recv(2, tag, Deadline::AfterSeconds(10), &out).ok());
+      EXPECT_EQ(out, expected) << size << " bytes, headroom " << headroom;
+      const Deadline until = Deadline::AfterSeconds(10);
+      while (!done && !until.Expired()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      EXPECT_TRUE(sent.ok()) << sent;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strait::collective
