@@ -31,6 +31,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/heap.h"
 #include "common/log.h"
 #include "gateway/config.h"
 #include "gateway/config_check.h"
@@ -170,6 +171,8 @@ int main(int argc, char** argv) {
       LoadCheckedConfig(config_file, /*log_warnings=*/true);
   if (!config) return strait::kExitUsage;
 
+  // Before any thread (and arena) exists: all-reduce buffers are reused, not re-faulted.
+  strait::KeepLargeBuffersInHeap();
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
