@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
 #include <iostream>
 
 #include "bench/allreduce_internal.h"
@@ -25,21 +27,29 @@ void OnStopSignal(int) {
   g_interrupted = 1;
 }
 
-// The mesh row of `codec` at `size` with shard `mode` (gateways running with `weights`).
+// The row of `codec` at `size` with shard `mode` (gateways running with `weights`): library
+// mode ("mesh": each rank hands its slice to its straitd) or "collnet" (each rank a node head
+// driving the plugin's CollNet table with the whole tensor).
 StatusOr<RunResult> RunMeshRow(const Flags& f, const Setup& s, bool links_equal, Cluster& c,
-                               const std::string& codec, const std::string& mode,
-                               bool several_modes, const std::vector<uint64_t>& weights,
-                               uint64_t size, const std::string& job, ProgressLine* progress) {
+                               const std::string& role, const std::string& codec,
+                               const std::string& mode, bool several_modes,
+                               const std::vector<uint64_t>& weights, uint64_t size,
+                               const std::string& job, ProgressLine* progress) {
   Flags sized = f;
   sized.size = size;
-  StatusOr<RunResult> mesh = RunRanks(sized, c, "mesh", codec, job, {}, progress);
+  std::vector<std::string> extra;
+  if (role == "collnet") {
+    extra = {"--collnet", f.collnet, "--collnet-chunk", std::to_string(f.collnet_chunk)};
+  }
+  StatusOr<RunResult> mesh = RunRanks(sized, c, role, codec, job, extra, progress);
   if (!mesh.ok()) return mesh;
+  mesh->algorithm = role;
   const double n = f.regions;
   const double bytes = static_cast<double>(size);
   // Every gateway's WAN bytes together, uncompressed, whatever the split: each region sends its
   // parts of the n-1 other shards, and each owner its result to n-1 regions: 2(n-1)S in all.
   const double plain_bytes_total = 2.0 * bytes * (n - 1);
-  mesh->label = "mesh " + codec + (several_modes ? " " + mode : "");
+  mesh->label = role + " " + codec + (several_modes ? " " + mode : "");
   mesh->shards = mode;
   mesh->weights = weights;
   mesh->participants = f.regions;
@@ -165,7 +175,7 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
       // and op sequences never carry over.
       for (const uint64_t size : sizes) {
         const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
-        StatusOr<RunResult> mesh = RunMeshRow(f, s, rep.links_equal, c, codec, mode,
+        StatusOr<RunResult> mesh = RunMeshRow(f, s, rep.links_equal, c, "mesh", codec, mode,
                                               shard_modes.size() > 1, weights, size, job,
                                               &progress);
         if (!mesh.ok()) return fail(mesh.status());
@@ -175,6 +185,19 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
                          "/region";
         }
         rep.runs.push_back(*std::move(mesh));
+      }
+    }
+    // CollNet needs a straitd per node head (shard): only on the one-per-rank layout.
+    if (f.collnet.empty() || straitds != f.ranks_per_region) continue;
+    for (const std::string& codec : codecs) {
+      for (const uint64_t size : sizes) {
+        const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
+        StatusOr<RunResult> row = RunMeshRow(f, s, rep.links_equal, c, "collnet", codec, mode,
+                                             shard_modes.size() > 1, weights, size, job,
+                                             &progress);
+        if (!row.ok()) return fail(row.status());
+        row->straitds_per_region = straitds;
+        rep.runs.push_back(*std::move(row));
       }
     }
   }
@@ -200,6 +223,7 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
                                           {"--ring-addrs", list}, &progress);
       if (!ring.ok()) return fail(ring.status());
       ring->label = "ring none (baseline)";
+      ring->algorithm = "ring";
       ring->codec = "none";
       ring->participants = f.regions * f.ranks_per_region;
       // Held to the uncompressed mesh (DESIGN's bound, or with unequal links the even split's
@@ -232,6 +256,7 @@ using allreduce::kCommand;
 using allreduce::RunMeshRank;
 using allreduce::RunOrchestrator;
 using allreduce::RunRingRank;
+using allreduce::RunCollNetRank;
 
 CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   auto f = std::make_shared<Flags>();
@@ -355,6 +380,16 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--job", f->job, "With --gateway: the job id the ranks share")
       ->capture_default_str();
+  cmd.add_option("--collnet", f->collnet,
+                 "Also run each codec through the NCCL plugin's CollNet table (this "
+                 "libnccl-net-strait.so, loaded with dlopen): one node head per rank, each on its "
+                 "own straitd, driving iallreduce/test as NCCL's proxy does, beside library mode "
+                 "on the same gateways and links")
+      ->type_name("PLUGIN.so");
+  cmd.add_option("--collnet-chunk", f->collnet_chunk,
+                 "With --collnet: bytes of one CollNet iallreduce (NCCL's chunk; 8 in flight)")
+      ->transform(SizeValidator(4096, uint64_t{16} << 20))
+      ->capture_default_str();
   // Rank mode, used by the orchestrator only.
   cmd.add_option("--rank-role", f->role)->group("");
   cmd.add_option("--rank-region", f->rank_region)->group("");
@@ -395,7 +430,25 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
     if (f->region_index >= 0) return UsageError(kCommand, "--region-index", "goes with --gateway");
     if (f->role == "mesh") return RunMeshRank(*f);
     if (f->role == "ring") return RunRingRank(*f);
-    if (!f->role.empty()) return UsageError(kCommand, "--rank-role", "mesh or ring");
+    if (f->role == "collnet") return RunCollNetRank(*f);
+    if (!f->role.empty()) return UsageError(kCommand, "--rank-role", "mesh, ring or collnet");
+    if (!f->collnet.empty()) {
+      if (::access(f->collnet.c_str(), R_OK) != 0) {
+        return UsageError(kCommand, "--collnet",
+                          "cannot read '" + f->collnet +
+                              "': give the path of libnccl-net-strait.so (build: plugins/nccl/)");
+      }
+      for (const std::string& codec : allreduce::SplitCodecs(f->codec)) {
+        if (codec.rfind("auto", 0) == 0) {
+          return UsageError(kCommand, "--codec",
+                            "--collnet rows check results against the codec's error bound, "
+                            "which 'auto' does not fix in advance: name the codec");
+        }
+      }
+      // The heads run inside the regions' namespaces, from wherever strait-wanem starts them.
+      char resolved[PATH_MAX];
+      if (::realpath(f->collnet.c_str(), resolved) != nullptr) f->collnet = resolved;
+    }
     // No sweep flag: the one --size. Only one of -b/-e: that one size.
     std::vector<uint64_t> sizes = {f->size};
     if (sweep_given()) {

@@ -213,6 +213,14 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
         t += "[tls]\nca = \"" + c.dir + "/ca.pem\"\ncert = \"" + cert + ".pem\"\nkey = \"" + cert +
              ".key\"\n";
       }
+      // CollNet's region all-reduce: the region's own gateways, one per shard.
+      if (!f.collnet.empty() && spg == 1 && k > 1) {
+        t += "[peers." + RegionName(r) + "]\n";
+        for (int g = 0; g < k; ++g) {
+          t += "shard_" + std::to_string(g) + " = \"" + Addr(s, r) + ":" +
+               std::to_string(port(r, g)) + "\"\n";
+        }
+      }
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
         if (p == f.dial_only) {  // it dials this gateway: no address

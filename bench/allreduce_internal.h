@@ -7,6 +7,8 @@
 //   allreduce_rank.cc     the hidden rank mode through a straitd: the per-iteration barrier,
 //                         the all-reduce loop and the check against the reference;
 //   allreduce_ring.cc     the hidden rank mode of the baseline: a flat TCP ring;
+//   allreduce_collnet.cc  the hidden rank mode of --collnet: a node head driving the NCCL
+//                         plugin's CollNet table;
 //   allreduce_cluster.cc  processes, straitd configs and start-up, certificates, shard weights
 //                         and the per-pair floor of the emulated links;
 //   allreduce_runner.cc   one row: rank processes started, waited for and folded into a
@@ -91,6 +93,11 @@ struct Flags {
   std::string ring_addrs;
   std::string job = kJob;
   std::string barrier;  // the directory of the per-iteration barrier (see IterationBarrier)
+  // --collnet: the NCCL plugin whose CollNet table a row per codec drives (one node head per
+  // rank, each on its own straitd); empty: no CollNet rows. --collnet-chunk: the bytes of one
+  // iallreduce (NCCL's CollNet chunk).
+  std::string collnet;
+  uint64_t collnet_chunk = uint64_t{4} << 20;
 };
 
 // Set by SIGINT/SIGTERM in the orchestrator: its waits give up, and Cluster's destructor stops
@@ -122,8 +129,15 @@ void Emit(const std::string& line);
 Status IterationBarrier(const std::string& dir, int rank, int ranks, int iteration,
                         Deadline deadline);
 
+// Worst-case error per block step of a policy (127 for int8, ...); 0 for lossless ones.
+double LossyLevels(const std::string& policy);
+// straitd's stats text: the rest of line `key ...` ("" without one), and its value (0).
+std::string StatLine(const std::string& stats, const std::string& key);
+uint64_t StatValue(const std::string& stats, const std::string& key);
+
 int RunMeshRank(const Flags& f);
-int RunRingRank(const Flags& f);  // allreduce_ring.cc
+int RunRingRank(const Flags& f);     // allreduce_ring.cc
+int RunCollNetRank(const Flags& f);  // allreduce_collnet.cc
 
 // straitd's time counters (see gateway_impl.h) that the report splits an iteration into.
 inline constexpr const char* kTimeKeys[] = {"handle_ns", "allreduce_ns", "encode_ns",
@@ -212,6 +226,7 @@ struct GatewayTimes {
 
 struct RunResult {
   std::string label;
+  std::string algorithm = "mesh";  // "mesh" (library mode), "collnet" or "ring"
   int straitds_per_region = 0;  // mesh: the gateway layout's straitds per region
   uint64_t size = 0;   // bytes all-reduced per iteration (the sweep's size)
   std::string codec;   // mesh: the --codec entry

@@ -27,16 +27,6 @@ namespace strait::bench::allreduce {
 
 namespace {
 
-// Worst-case error per block step, by what the gateway resolved: a block's step is
-// absmax / levels (int8 127, int4 7; fp8 e4m3's widest gap, 32 at the top of 448, is 1/14).
-// 0 for lossless codecs.
-double LossyLevels(const std::string& resolved_policy) {
-  if (resolved_policy.rfind("int8", 0) == 0) return 127;
-  if (resolved_policy.rfind("int4", 0) == 0) return 7;
-  if (resolved_policy.rfind("fp8", 0) == 0) return 14;
-  return 0;
-}
-
 // --gateway's verdict: one line a person reads, exit 1 when the result is wrong.
 int SmokeReport(const Flags& f, const std::string& policy, const Json& times, const Check& c,
                 const std::string& hash) {
@@ -61,6 +51,27 @@ int SmokeReport(const Flags& f, const std::string& policy, const Json& times, co
   return kExitOk;
 }
 
+// Rounds data[0, n) to `dtype` and back to fp32 in place (what a rank sends, as fp32).
+void RoundTo(DataType dtype, float* data, size_t n) {
+  std::vector<uint8_t> narrow(n * DataTypeSize(dtype));
+  if (!ConvertFromFloat(data, narrow.data(), dtype, n).ok() ||
+      !ConvertToFloat(narrow.data(), dtype, data, n).ok()) {
+    std::fill(data, data + n, std::nanf(""));  // fails the check loudly rather than passing
+  }
+}
+
+}  // namespace
+
+// Worst-case error per block step, by what the gateway resolved: a block's step is
+// absmax / levels (int8 127, int4 7; fp8 e4m3's widest gap, 32 at the top of 448, is 1/14).
+// 0 for lossless codecs.
+double LossyLevels(const std::string& resolved_policy) {
+  if (resolved_policy.rfind("int8", 0) == 0) return 127;
+  if (resolved_policy.rfind("int4", 0) == 0) return 7;
+  if (resolved_policy.rfind("fp8", 0) == 0) return 14;
+  return 0;
+}
+
 // The rest of the line `key ...` of straitd's stats text ("" without one).
 std::string StatLine(const std::string& stats, const std::string& key) {
   const std::string needle = key + " ";
@@ -77,17 +88,6 @@ std::string StatLine(const std::string& stats, const std::string& key) {
 uint64_t StatValue(const std::string& stats, const std::string& key) {
   return std::strtoull(StatLine(stats, key).c_str(), nullptr, 10);
 }
-
-// Rounds data[0, n) to `dtype` and back to fp32 in place (what a rank sends, as fp32).
-void RoundTo(DataType dtype, float* data, size_t n) {
-  std::vector<uint8_t> narrow(n * DataTypeSize(dtype));
-  if (!ConvertFromFloat(data, narrow.data(), dtype, n).ok() ||
-      !ConvertToFloat(narrow.data(), dtype, data, n).ok()) {
-    std::fill(data, data + n, std::nanf(""));  // fails the check loudly rather than passing
-  }
-}
-
-}  // namespace
 
 uint64_t RegionSeed(int region) {
   return 0x5eed0000u + static_cast<uint64_t>(region);

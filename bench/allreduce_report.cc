@@ -26,7 +26,9 @@ std::string WeightsText(const std::vector<uint64_t>& w) {
 const RunResult* FindRun(const Report& rep, const std::string& codec, const std::string& shards,
                          uint64_t size) {
   for (const RunResult& r : rep.runs) {
-    if (r.codec == codec && r.shards == shards && r.size == size) return &r;
+    if (r.algorithm == "mesh" && r.codec == codec && r.shards == shards && r.size == size) {
+      return &r;
+    }
   }
   return nullptr;
 }
@@ -344,6 +346,15 @@ std::string FormatTable(const Report& rep) {
         o << '\n';
       }
     }
+    // CollNet against library mode on the same gateways and links (issue #16's goal: <= 1.2x).
+    for (const RunResult* r : RowsOf(rep, size)) {
+      if (r->algorithm != "collnet") continue;
+      const RunResult* mesh = FindRun(rep, r->codec, r->shards, size);
+      if (mesh == nullptr) continue;
+      std::snprintf(line, sizeof(line), "# %s%s / %s time: %.2fx (library mode's time, same links)\n",
+                    r->label.c_str(), at.c_str(), mesh->label.c_str(), r->time_s / mesh->time_s);
+      o << line;
+    }
     const std::vector<const RunResult*> rows = RowsOf(rep, size);
     if (!rows.empty() && rows.back()->shards.empty()) {
       const RunResult& ring = *rows.back();
@@ -365,7 +376,7 @@ Json RunJson(const Report& rep, const RunResult& r) {
   Json x;
   x["name"] = r.label;
   if (r.straitds_per_region > 0) x["straitds_per_region"] = r.straitds_per_region;
-  x["algorithm"] = r.shards.empty() ? "ring" : "mesh";
+  x["algorithm"] = r.algorithm;
   x["codec"] = r.codec;
   x["shards"] = r.shards.empty() ? Json(nullptr) : Json(r.shards);
   x["shard_weights"] = r.weights;
@@ -419,6 +430,18 @@ Json RunJson(const Report& rep, const RunResult& r) {
   }
   x["gateway_phases_ms"] = phases;
   return x;
+}
+
+// Each CollNet row's time / library mode's (the mesh row of its codec and split), by codec;
+// null without CollNet rows.
+Json CollNetOverMesh(const Report& rep, const std::vector<const RunResult*>& rows) {
+  Json out = Json::object();
+  for (const RunResult* r : rows) {
+    if (r->algorithm != "collnet") continue;
+    const RunResult* mesh = FindRun(rep, r->codec, r->shards, r->size);
+    if (mesh != nullptr) out[r->codec] = r->time_s / mesh->time_s;
+  }
+  return out.empty() ? Json(nullptr) : out;
 }
 
 // ring baseline time / the first mesh row's, among `rows` (one size); null without a ring.
@@ -481,6 +504,7 @@ std::string FormatJson(const Report& rep) {
   for (const RunResult* r : first_rows) runs.push_back(RunJson(rep, *r));
   j["runs"] = runs;
   j["baseline_over_mesh"] = BaselineOverMesh(first_rows);
+  j["collnet_over_mesh"] = CollNetOverMesh(rep, first_rows);
   Json sizes = Json::array();
   for (const uint64_t size : rep.sizes) {
     const std::vector<const RunResult*> rows = RowsOf(rep, size);
@@ -491,6 +515,7 @@ std::string FormatJson(const Report& rep) {
     for (const RunResult* r : rows) size_runs.push_back(RunJson(rep, *r));
     s["runs"] = size_runs;
     s["baseline_over_mesh"] = BaselineOverMesh(rows);
+    s["collnet_over_mesh"] = CollNetOverMesh(rep, rows);
     sizes.push_back(s);
   }
   j["sizes"] = sizes;

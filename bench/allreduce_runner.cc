@@ -177,7 +177,7 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
   Status failure;
   size_t running = ranks.size();
   const Deadline deadline = Deadline::AfterSeconds(f.timeout_s * total_iters + 120);
-  const std::string what = role == "mesh" ? "mesh " + codec : role;
+  const std::string what = role == "ring" ? role : role + " " + codec;
   while (running > 0) {
     for (Proc& p : ranks) {
       int status = 0;
@@ -238,7 +238,8 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
     res.policy = j["policy"].get<std::string>();
     res.max_error = std::max(res.max_error, j["max_error"].get<double>());
     res.wrong += j["wrong"].get<uint64_t>();
-    // Mesh: rank i of every region holds the same slice; ring: every rank the whole tensor.
+    // Mesh: rank i of every region holds the same slice; ring and CollNet: every rank the whole
+    // tensor.
     const size_t slot = role == "mesh" ? idx % static_cast<size_t>(k) : 0;
     const std::string h = j["hash"].get<std::string>();
     if (hashes[slot].empty()) hashes[slot] = h;

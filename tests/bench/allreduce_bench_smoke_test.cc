@@ -283,4 +283,49 @@ TEST(AllReduceBench, BadFlagsAreUsageErrors) {
   EXPECT_EQ(RunBench({"allreduce", "--transport", "ssl"}).code, 2);
 }
 
+#ifdef STRAIT_PLUGIN_BINARY
+// --collnet: beside the library-mode row, a row whose ranks are node heads driving the NCCL
+// plugin's CollNet table (dlopen, listen, handles exchanged, connect, chunked iallreduce/test)
+// through their straitds' region all-reduce; its result is checked against the same reference
+// (no wrong element, the same bits on every head) and compared with library mode's time.
+TEST(AllReduceBench, CollNetRowDrivesThePluginAndIsCheckedLikeLibraryMode) {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    std::vector<std::string> args = Common("int8");
+    args[3] = "2MiB";  // --size: with --collnet-chunk 512KiB, four iallreduces per head
+    args.insert(args.end(),
+                {"--dtype", dtype, "--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk", "512KiB"});
+    const auto r = RunBench(args);
+    ASSERT_EQ(r.code, 0) << dtype << ": " << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    ASSERT_EQ(j["runs"].size(), 2u) << j;
+    EXPECT_EQ(j["runs"][0]["algorithm"], "mesh");
+    const auto& collnet = j["runs"][1];
+    EXPECT_EQ(collnet["algorithm"], "collnet") << collnet;
+    EXPECT_EQ(collnet["wrong"], 0) << collnet;
+    EXPECT_EQ(collnet["identical"], true) << collnet;
+    // Lossy, within the codec's bound (checked by the heads), and compressed on the WAN links.
+    EXPECT_GT(collnet["max_error"].get<double>(), 0.0) << collnet;
+    // int8 is a quarter of float32's bytes and half of bfloat16's (block scales aside).
+    EXPECT_GT(collnet["codec_ratio"].get<double>(), dtype == "float32" ? 3.0 : 1.5) << collnet;
+    EXPECT_GT(collnet["gateway_ms_per_iter"]["allreduce"].get<double>(), 0.0) << collnet;
+    ASSERT_TRUE(j["collnet_over_mesh"].is_object()) << j;
+    EXPECT_GT(j["collnet_over_mesh"]["int8"].get<double>(), 0.0) << j;
+  }
+}
+
+TEST(AllReduceBench, CollNetFlagsAreCheckedBeforeAnythingStarts) {
+  std::vector<std::string> missing = Common("int8");
+  missing.insert(missing.end(), {"--collnet", "/nonexistent/libnccl-net-strait.so"});
+  const auto a = RunBench(missing);
+  EXPECT_EQ(a.code, 2) << a.out;
+  std::vector<std::string> automatic = Common("auto");
+  automatic.insert(automatic.end(), {"--collnet", STRAIT_PLUGIN_BINARY});
+  EXPECT_EQ(RunBench(automatic).code, 2);
+  std::vector<std::string> chunk = Common("int8");
+  chunk.insert(chunk.end(), {"--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk", "64MiB"});
+  EXPECT_EQ(RunBench(chunk).code, 2);
+}
+#endif
+
 }  // namespace
