@@ -20,6 +20,7 @@
 #include <asio.hpp>
 #include <asio/ssl.hpp>
 
+#include "net/delivery.h"
 #include "net/link.h"
 #include "net/socket_options.h"
 #include "net/wire.h"
@@ -122,8 +123,11 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
   bool retire_received = false;
   int64_t retire_started_ns = 0;
   std::vector<uint8_t> control;  // acks, pings, pongs, close: written before any data
-  std::vector<uint8_t> out;      // the write in progress
-  uint64_t out_payload = 0;      // data payload bytes in `out`
+  std::vector<uint8_t> out;      // the write in progress: control records, data record headers
+  // The data chunk written after `out`, straight from its message: payload bytes, where.
+  uint64_t out_payload = 0;
+  std::shared_ptr<const OutMessage> out_message;
+  uint64_t out_offset = 0;
   std::array<uint8_t, kRecordHeaderBytes> header{};
   std::vector<uint8_t> body;
   std::vector<uint8_t> hello;  // the hello being read or written during setup
