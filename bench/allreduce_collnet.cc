@@ -220,14 +220,12 @@ int RunCollNetRank(const Flags& f) {
       f.socket, Deadline::AfterSeconds(10), "bench-collnet", static_cast<uint32_t>(f.rank_index));
   if (!stats_client.ok()) return Fail(f, "stats connection", stats_client.status());
   Json times = Json::array(), starts = Json::array();
-  uint64_t sent_before = 0;
   std::string stats_before;
   const int rank = f.rank_region * f.ranks_per_region + f.rank_index;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     if (it == f.warmup) {
       StatusOr<std::string> stats = (*stats_client)->Stats(Deadline::AfterSeconds(10));
       if (stats.ok()) stats_before = *stats;
-      sent_before = StatValue(stats_before, "bytes_sent");
     }
     data = input;
     if (Status b = IterationBarrier(f.barrier, rank, f.regions * f.ranks_per_region, it,
@@ -248,13 +246,6 @@ int RunCollNetRank(const Flags& f) {
     Emit("progress " + std::to_string(it + 1));
   }
   StatusOr<std::string> stats = (*stats_client)->Stats(Deadline::AfterSeconds(10));
-  const uint64_t sent = stats.ok() ? StatValue(*stats, "bytes_sent") - sent_before : 0;
-  Json gateway_ns;
-  for (const char* key : kTimeKeys) {
-    const uint64_t after = stats.ok() ? StatValue(*stats, key) : 0;
-    const uint64_t before = StatValue(stats_before, key);
-    gateway_ns[key] = after >= before ? (after - before) / static_cast<uint64_t>(f.iters) : 0;
-  }
   std::vector<float> result(count);
   if (Status s = ConvertToFloat(data.data(), f.dtype, result.data(), count); !s.ok()) {
     return Fail(f, "result", s);
@@ -262,18 +253,7 @@ int RunCollNetRank(const Flags& f) {
   // CollNet registers lossy policies without error feedback (plugins/README.md).
   const Check c = CheckAgainstReference(result.data(), count, 0, count, f.regions,
                                         LossyLevels(f.codec), f.dtype);
-  Json out;
-  out["region"] = f.rank_region;
-  out["rank"] = f.rank_index;
-  out["policy"] = f.codec;
-  out["times_ns"] = times;
-  out["starts_ns"] = starts;
-  out["wan_bytes_sent"] = sent;
-  out["gateway_ns"] = gateway_ns;
-  out["slow_peers"] = stats.ok() ? StatLine(*stats, "slow_peers") : std::string();
-  out["max_error"] = c.max_error;
-  out["wrong"] = c.wrong;
-  out["hash"] = Hex(Fnv1a64(data.data(), data.size()));
+  const Json out = RankResult(f, f.codec, times, starts, stats_before, stats, c, data);
   Emit("result " + out.dump());
   return kExitOk;
 }

@@ -135,6 +135,12 @@ double LossyLevels(const std::string& policy);
 std::string StatLine(const std::string& stats, const std::string& key);
 uint64_t StatValue(const std::string& stats, const std::string& key);
 
+// A rank's "result" object (allreduce_runner.cc reads it): its times, its gateway's counters
+// over the measured iterations (from `stats_before` to `stats`), the check and the result hash.
+Json RankResult(const Flags& f, const std::string& policy, const Json& times, const Json& starts,
+                const std::string& stats_before, const StatusOr<std::string>& stats,
+                const Check& check, const std::vector<uint8_t>& data);
+
 int RunMeshRank(const Flags& f);
 int RunRingRank(const Flags& f);     // allreduce_ring.cc
 int RunCollNetRank(const Flags& f);  // allreduce_collnet.cc

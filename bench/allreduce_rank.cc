@@ -213,6 +213,32 @@ Status IterationBarrier(const std::string& dir, int rank, int ranks, int iterati
   return Status::Ok();
 }
 
+Json RankResult(const Flags& f, const std::string& policy, const Json& times, const Json& starts,
+                const std::string& stats_before, const StatusOr<std::string>& stats,
+                const Check& check, const std::vector<uint8_t>& data) {
+  Json gateway_ns;  // per measured iteration, this rank's gateway
+  for (const char* key : kTimeKeys) {
+    const uint64_t after = stats.ok() ? StatValue(*stats, key) : 0;
+    const uint64_t before = StatValue(stats_before, key);
+    gateway_ns[key] = after >= before ? (after - before) / static_cast<uint64_t>(f.iters) : 0;
+  }
+  const uint64_t sent_before = StatValue(stats_before, "bytes_sent");
+  const uint64_t sent = stats.ok() ? StatValue(*stats, "bytes_sent") - sent_before : 0;
+  Json out;
+  out["region"] = f.rank_region;
+  out["rank"] = f.rank_index;
+  out["policy"] = policy;
+  out["times_ns"] = times;
+  out["starts_ns"] = starts;  // CLOCK_MONOTONIC: one clock for every process on the machine
+  out["wan_bytes_sent"] = sent;
+  out["gateway_ns"] = gateway_ns;
+  out["slow_peers"] = stats.ok() ? StatLine(*stats, "slow_peers") : std::string();
+  out["max_error"] = check.max_error;
+  out["wrong"] = check.wrong;
+  out["hash"] = Hex(Fnv1a64(data.data(), data.size()));
+  return out;
+}
+
 // --- Rank mode: mesh (through the rank's own straitd) -----------------------------------------
 
 int RunMeshRank(const Flags& f) {
@@ -250,12 +276,10 @@ int RunMeshRank(const Flags& f) {
     }
   }
   Json times = Json::array(), starts = Json::array();
-  uint64_t sent_before = 0;
   std::string stats_before;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     if (it == f.warmup) {
       StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
-      sent_before = stats.ok() ? StatValue(*stats, "bytes_sent") : 0;
       if (stats.ok()) stats_before = *stats;
     }
     data = input;
@@ -284,13 +308,6 @@ int RunMeshRank(const Flags& f) {
     if (f.gateway.empty()) Emit("progress " + std::to_string(it + 1));
   }
   StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
-  const uint64_t sent = stats.ok() ? StatValue(*stats, "bytes_sent") - sent_before : 0;
-  Json gateway_ns;  // per measured iteration, this rank's gateway
-  for (const char* key : kTimeKeys) {
-    const uint64_t after = stats.ok() ? StatValue(*stats, key) : 0;
-    const uint64_t before = StatValue(stats_before, key);
-    gateway_ns[key] = after >= before ? (after - before) / static_cast<uint64_t>(f.iters) : 0;
-  }
   std::vector<float> result(end - begin);
   if (Status s = ConvertToFloat(data.data(), f.dtype, result.data(), result.size()); !s.ok()) {
     std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << s << '\n';
@@ -298,18 +315,7 @@ int RunMeshRank(const Flags& f) {
   }
   const Check c = CheckAgainstReference(result.data(), count, begin, end, f.regions,
                                         LossyLevels(*policy), f.dtype);
-  Json out;
-  out["region"] = f.rank_region;
-  out["rank"] = f.rank_index;
-  out["policy"] = *policy;
-  out["times_ns"] = times;
-  out["starts_ns"] = starts;  // CLOCK_MONOTONIC: one clock for every process on the machine
-  out["wan_bytes_sent"] = sent;
-  out["gateway_ns"] = gateway_ns;
-  out["slow_peers"] = stats.ok() ? StatLine(*stats, "slow_peers") : std::string();
-  out["max_error"] = c.max_error;
-  out["wrong"] = c.wrong;
-  out["hash"] = Hex(Fnv1a64(data.data(), data.size()));
+  const Json out = RankResult(f, *policy, times, starts, stats_before, stats, c, data);
   if (!f.gateway.empty()) return SmokeReport(f, *policy, times, c, out["hash"].get<std::string>());
   Emit("result " + out.dump());
   return kExitOk;
