@@ -2,9 +2,11 @@
 // strait::localproto's (lib/localproto/protocol.h), which the plugin links instead of the gateway
 // module.
 //
-// This file holds the comms and requests, the loop-side code that runs each slot's requests on
-// its connection, and the C boundary of the CollNet tables; collnet_pipe.h the loop-driven
-// connection to straitd; collnet_handle.cc the handle and group rules.
+// This file holds listen, connect (the barrier, the slots' regions), the posting side of
+// iallreduce and test, and the C boundary of the CollNet tables; collnet_internal.h the comms,
+// requests and slots, collnet_slots.cc the loop side that runs a slot's requests;
+// collnet_pipe.h the loop-driven connection to straitd; collnet_handle.cc the handle and group
+// rules.
 //
 // Threads: none of its own. Every socket belongs to the plugin's one libuv loop (event_loop.h);
 // NCCL's threads hand requests to it with EventLoop::Post and poll an atomic in test(). Only
@@ -33,6 +35,7 @@
 #include "localproto/protocol.h"
 #include "localproto/shm.h"
 #include "plugins/nccl/api.h"
+#include "plugins/nccl/collnet_internal.h"
 #include "plugins/nccl/collnet_pipe.h"
 #include "plugins/nccl/config.h"
 #include "plugins/nccl/event_loop.h"
@@ -59,9 +62,6 @@ std::string Hex64(uint64_t v) {
 // ---- how long CollNet waits for straitd ---------------------------------------------------------
 
 constexpr int64_t kNanosPerMs = 1'000'000;
-// A region all-reduce is bounded by the gateway's allreduce.deadline (timeout_ms 0 asks for it);
-// the plugin gives up on its own only if a gateway neither answers nor closes the connection.
-constexpr double kOperationWatchdogSeconds = 3600;
 // Local round trips of listen (hello, register-job, tunnel-listen): milliseconds normally.
 constexpr double kLocalCallSeconds = 10;
 // How much longer than a call's own deadline listen/connect wait for the loop to answer at all:
@@ -69,74 +69,17 @@ constexpr double kLocalCallSeconds = 10;
 constexpr double kLoopSlackSeconds = 30;
 constexpr const char* kClientName = "nccl-collnet";
 
-// ---- comms and requests -------------------------------------------------------------------------
-
-constexpr uint32_t kListenMagic = 0x4C4E4353;   // "SCNL"
-constexpr uint32_t kCommMagic = 0x434E4353;     // "SCNC"
-constexpr uint32_t kRequestMagic = 0x524E4353;  // "SCNR"
-constexpr uint32_t kMrMagic = 0x4D4E4353;       // "SCNM"
-
-struct ListenComm {
-  uint32_t magic = kListenMagic;
-  CollNetHandle handle;
-  PluginConfig config;
-  std::string gateway_region;
-};
-
-struct CollComm;
-
-struct Request {
-  uint32_t magic = kRequestMagic;
-  // 0 pending, 1 done, 2 failed; set last by the loop (release), read by test() (acquire).
-  std::atomic<int> state{0};
-  Status status;
-  size_t bytes = 0;
-  CollComm* comm = nullptr;  // null for iflush requests (never queued)
-  uint64_t index = 0;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-};
-
-struct MemoryHandle {
-  uint32_t magic = kMrMagic;
-};
-
-// One slot: a connection to straitd and the requests that run on it, in posting order. Loop side
-// only.
-struct Slot {
-  GatewayPipe* pipe = nullptr;
-  // The region this slot shares with straitd (kAttachShm), or null: pieces then go through the
-  // socket. Outlives the pipe's calls (freed with the comm, after StopSlots).
-  std::unique_ptr<localproto::ShmRegion> shm;
-  std::deque<Request*> queue;  // posted, not started
-  Request* current = nullptr;  // running: its pieces go one at a time
-  size_t at = 0;               // elements of `current` already reduced
-  bool waiting = false;        // a piece of `current` is with straitd
-  uint64_t pieces = 0;  // region all-reduces this slot ran (its part of the comm's sequence)
-};
-
-struct CollComm {
-  uint32_t magic = kCommMagic;
-  std::string job;
-  std::string id;  // hex comm id: part of every tensor key
-  std::string gateway;
-  int rank = 0;
-  int nranks = 0;
-  std::mutex mu;   // failure, next_op, live (NCCL's threads and the loop)
-  Status failure;  // the first failed operation's status: later ones fail with it
-  uint64_t next_op = 0;
-  // The generation the comm joined and its scope (its comm id): every region all-reduce of the
-  // comm carries them, with sequence 0 for the connect barrier and 1 + k * kCollNetSlots + slot
-  // for a slot's k-th piece, the same on every node head since each slot runs the same requests.
-  uint64_t generation = 0;
-  uint64_t scope = 0;
-  std::set<Request*> live;  // handed to NCCL and not yet released by test()
-  int64_t probe[2] = {};    // the connect barrier's tensor (the loop writes into it)
-  Slot slots[kCollNetSlots];
-};
+using collnet_internal::Advance;
+using collnet_internal::CollComm;
+using collnet_internal::kCommMagic;
+using collnet_internal::kListenMagic;
+using collnet_internal::kMrMagic;
+using collnet_internal::kRequestMagic;
+using collnet_internal::ListenComm;
+using collnet_internal::MemoryHandle;
+using collnet_internal::Request;
+using collnet_internal::Slot;
+using collnet_internal::StopSlots;
 
 // Live comms: a pointer from NCCL is dereferenced only once found here.
 std::mutex g_mu;
@@ -252,121 +195,6 @@ Status OpenPipes(const std::string& path, Deadline deadline, std::vector<Gateway
   std::lock_guard<std::mutex> lock(w->mu);
   *out = *pipes;
   return w->status;
-}
-
-// ---- the slots, loop side -----------------------------------------------------------------------
-
-// Ends the slot's current request with `s` (and the comm, when it failed).
-void FinishCurrent(CollComm* comm, Slot& slot, const Status& s) {
-  Request* req = slot.current;
-  slot.current = nullptr;
-  if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(comm->mu);
-    if (comm->failure.ok()) comm->failure = s;
-  }
-  req->status = s;
-  req->state.store(s.ok() ? 1 : 2, std::memory_order_release);  // test() may free it from now
-}
-
-void Advance(CollComm* comm, int slot_index);
-
-// Sends the current request's next piece: at most kCollNetPieceBytes, one region all-reduce.
-Status StartPiece(CollComm* comm, int slot_index) {
-  Slot& slot = comm->slots[slot_index];
-  Request& req = *slot.current;
-  const std::string key = "collnet/" + comm->id + "/" + std::to_string(slot_index);
-  const size_t elem = DataTypeSize(req.dtype);
-  const size_t per_piece = std::max<size_t>(1, kCollNetPieceBytes / elem);
-  const size_t n = std::min(per_piece, req.count - slot.at);
-  Message m;
-  m.type = slot.shm != nullptr ? MessageType::kRegionAllReduceShm : MessageType::kRegionAllReduce;
-  m.job = comm->job;
-  m.tensor_key = key;
-  m.dtype = req.dtype;
-  m.op = req.op;
-  m.count = n;
-  m.timeout_ms = 0;  // the gateway's allreduce.deadline
-  m.generation = comm->generation;
-  m.sequence = 1 + slot.pieces++ * kCollNetSlots + static_cast<uint64_t>(slot_index);
-  m.scope = comm->scope;
-  std::span<const uint8_t> send(static_cast<const uint8_t*>(req.send) + slot.at * elem, n * elem);
-  std::span<uint8_t> recv(static_cast<uint8_t*>(req.recv) + slot.at * elem, n * elem);
-  uint8_t* shared = nullptr;
-  if (slot.shm != nullptr) {
-    // Only the descriptor crosses the socket; straitd reduces the piece in the shared pages.
-    shared = slot.shm->data();
-    if (!send.empty()) std::memcpy(shared, send.data(), send.size());
-    send = {};
-    recv = {};
-  }
-  Status s = slot.pipe->Call(
-      m, send, recv, Deadline::AfterSeconds(kOperationWatchdogSeconds),
-      [comm, slot_index, n, elem, key, shared](Status st, Message) {
-        Slot& sl = comm->slots[slot_index];
-        sl.waiting = false;
-        if (st.ok()) {
-          if (shared != nullptr && n > 0) {
-            std::memcpy(static_cast<uint8_t*>(sl.current->recv) + sl.at * elem, shared, n * elem);
-          }
-          sl.at += n;
-        } else {
-          const Request& r = *sl.current;
-          FinishCurrent(comm, sl,
-                        st.WithContext("CollNet all-reduce #" + std::to_string(r.index) + " (" +
-                                       std::to_string(r.count) + " x " + DataTypeName(r.dtype) +
-                                       " " + ReduceOpName(r.op) + ", key " + key + ")"));
-        }
-        Advance(comm, slot_index);
-      });
-  if (!s.ok()) {
-    return s.WithContext("CollNet all-reduce #" + std::to_string(req.index) + " (" +
-                         std::to_string(req.count) + " x " + DataTypeName(req.dtype) + " " +
-                         ReduceOpName(req.op) + ", key " + key + ")");
-  }
-  return Status::Ok();
-}
-
-// Drives slot `slot_index` as far as it goes without waiting for straitd: finishes what is done,
-// starts the next piece or request. Requests of a slot run one after another, in posting order.
-void Advance(CollComm* comm, int slot_index) {
-  Slot& slot = comm->slots[slot_index];
-  while (!slot.waiting) {
-    if (slot.current == nullptr) {
-      if (slot.queue.empty()) return;
-      slot.current = slot.queue.front();
-      slot.queue.pop_front();
-      slot.at = 0;
-      Status failed;
-      {
-        std::lock_guard<std::mutex> lock(comm->mu);
-        failed = comm->failure;
-      }
-      if (!failed.ok()) {
-        FinishCurrent(comm, slot,
-                      failed.WithContext("an earlier CollNet all-reduce of this comm failed"));
-        continue;
-      }
-    }
-    if (slot.at >= slot.current->count) {
-      FinishCurrent(comm, slot, Status::Ok());
-      continue;
-    }
-    slot.waiting = true;
-    Status s = StartPiece(comm, slot_index);
-    if (s.ok()) return;  // the piece's reply continues the slot
-    slot.waiting = false;
-    FinishCurrent(comm, slot, s);
-  }
-}
-
-// Loop side: stops every slot's I/O; no callback touches the comm or its requests afterwards.
-void StopSlots(CollComm* comm) {
-  for (Slot& slot : comm->slots) {
-    if (slot.pipe != nullptr) slot.pipe->Close();
-    slot.pipe = nullptr;
-    slot.queue.clear();
-    slot.current = nullptr;
-  }
 }
 
 // Stops the comm's I/O on the loop and frees it (and requests NCCL never tested). When the loop
