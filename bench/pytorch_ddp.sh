@@ -38,9 +38,9 @@ die() { echo "pytorch_ddp: $*" >&2; exit 2; }
 say() { if ((JSON)); then echo "$@" >&2; else echo "$@"; fi; }
 
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem makes network namespaces)"
-STRAITD=$(realpath "$BUILD/tools/straitd/straitd" 2>/dev/null) || die "no straitd in $BUILD"
-WANEM=$(realpath "$BUILD/bench/wanem/strait-wanem" 2>/dev/null) || die "no strait-wanem in $BUILD"
-LIB=$(realpath "$BUILD/lib/api/libstrait.so" 2>/dev/null) || die "no libstrait.so in $BUILD"
+STRAITD=$(realpath -e "$BUILD/tools/straitd/straitd" 2>/dev/null) || die "no straitd in $BUILD"
+WANEM=$(realpath -e "$BUILD/bench/wanem/strait-wanem" 2>/dev/null) || die "no strait-wanem in $BUILD"
+LIB=$(realpath -e "$BUILD/lib/api/libstrait.so" 2>/dev/null) || die "no libstrait.so in $BUILD (cmake --build $BUILD --target lib/api/libstrait.so)"
 command -v openssl >/dev/null || die "openssl is not installed"
 $PY -c 'import torch, sklearn, matplotlib' 2>/dev/null ||
   die "needs python3-torch python3-sklearn python3-matplotlib (scripts/setup.sh)"
