@@ -170,34 +170,26 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
       progress.Update("starting " + std::to_string(f.regions * straitds) + " straitd");
       if (Status st = StartGateways(f, s, weights, c); !st.ok()) return fail(st);
     }
-    for (const std::string& codec : codecs) {
-      // The sweep runs on the same gateways, a job per row and size: error-feedback residuals
-      // and op sequences never carry over.
-      for (const uint64_t size : sizes) {
-        const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
-        StatusOr<RunResult> mesh = RunMeshRow(f, s, rep.links_equal, c, "mesh", codec, mode,
-                                              shard_modes.size() > 1, weights, size, job,
-                                              &progress);
-        if (!mesh.ok()) return fail(mesh.status());
-        mesh->straitds_per_region = straitds;
-        if (layouts.size() > 1) {
-          mesh->label += " " + std::to_string(straitds) + " straitd" + (straitds > 1 ? "s" : "") +
-                         "/region";
-        }
-        rep.runs.push_back(*std::move(mesh));
-      }
-    }
     // CollNet needs a straitd per node head (shard): only on the one-per-rank layout.
-    if (f.collnet.empty() || straitds != f.ranks_per_region) continue;
-    for (const std::string& codec : codecs) {
-      for (const uint64_t size : sizes) {
-        const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
-        StatusOr<RunResult> row = RunMeshRow(f, s, rep.links_equal, c, "collnet", codec, mode,
-                                             shard_modes.size() > 1, weights, size, job,
-                                             &progress);
-        if (!row.ok()) return fail(row.status());
-        row->straitds_per_region = straitds;
-        rep.runs.push_back(*std::move(row));
+    std::vector<std::string> roles = {"mesh"};
+    if (!f.collnet.empty() && straitds == f.ranks_per_region) roles.push_back("collnet");
+    for (const std::string& role : roles) {
+      for (const std::string& codec : codecs) {
+        // The sweep runs on the same gateways, a job per row and size: error-feedback residuals
+        // and op sequences never carry over.
+        for (const uint64_t size : sizes) {
+          const std::string job = std::string(kJob) + "-" + std::to_string(job_index++);
+          StatusOr<RunResult> row = RunMeshRow(f, s, rep.links_equal, c, role, codec, mode,
+                                               shard_modes.size() > 1, weights, size, job,
+                                               &progress);
+          if (!row.ok()) return fail(row.status());
+          row->straitds_per_region = straitds;
+          if (role == "mesh" && layouts.size() > 1) {
+            row->label += " " + std::to_string(straitds) + " straitd" +
+                          (straitds > 1 ? "s" : "") + "/region";
+          }
+          rep.runs.push_back(*std::move(row));
+        }
       }
     }
   }

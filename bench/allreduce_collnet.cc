@@ -144,10 +144,7 @@ class Head {
   Status AllReduce(uint8_t* data, size_t count, Deadline deadline) {
     const size_t elem = DataTypeSize(f_.dtype);
     const size_t per = std::max<size_t>(1, f_.collnet_chunk / elem);
-    struct Pending {
-      void* request = nullptr;
-    };
-    std::vector<Pending> window;
+    std::vector<void*> window;  // requests in flight
     size_t next = 0;
     while (next < count || !window.empty()) {
       while (next < count && window.size() < kInFlight) {
@@ -160,13 +157,13 @@ class Head {
           return UnknownError("iallreduce failed (" + std::to_string(r) + ")");
         }
         if (req == nullptr) break;  // the plugin's request cap: test first
-        window.push_back({req});
+        window.push_back(req);
         next += n;
       }
       // Requests complete in any order; poll them all.
       for (size_t k = 0; k < window.size();) {
         int done = 0, size = 0;
-        if (ncclResult_t r = t_->test(window[k].request, &done, &size); r != ncclSuccess) {
+        if (ncclResult_t r = t_->test(window[k], &done, &size); r != ncclSuccess) {
           return UnknownError("test failed (" + std::to_string(r) +
                               "); the plugin's WARN above says why");
         }
