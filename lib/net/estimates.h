@@ -26,6 +26,9 @@ struct LinkEstimates {
   // TCP retransmissions (TCP_INFO tcpi_total_retrans) summed over every stream this link ever
   // had, including closed ones.
   uint64_t tcp_retransmissions = 0;
+  // The pacing cap each stream has in the kernel (TCP_INFO tcpi_max_pacing_rate, bytes per
+  // second), summed over the streams up: LinkOptions::max_rate_bps / 8 when pacing; 0 = none.
+  uint64_t max_pacing_bytes_per_s = 0;
   int streams_up = 0;
   int streams_target = 0;       // K: the pool size the link is aiming for (dialer side)
   uint32_t chunk_bytes = 0;     // the chunk size currently cut

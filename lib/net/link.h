@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +94,15 @@ struct LinkOptions {
   int64_t close_flush_ns = int64_t{5'000'000'000};
   // TCP_CONGESTION for every stream ("bbr", "cubic", "reno"; "" = the system default).
   std::string congestion_control;
+  // Pacing: the most bits per second this link sends toward its peer, all its streams together
+  // (each gets SO_MAX_PACING_RATE of an equal share, redone whenever a stream comes or goes).
+  // 0 = no cap: TCP's congestion control alone, which on a WAN path with shallow buffers and
+  // several flows (two gateways of a region, or several streams) overshoots and drops: BBR
+  // probes above its share, and the flows' estimates together exceed the path. Set it to this
+  // gateway's share of the path's rate (the circuit's rate / the gateways that share it).
+  uint64_t max_rate_bps = 0;
+  // max_rate_bps for the links to particular peer regions (key: the region name).
+  std::map<std::string, uint64_t> peer_max_rate_bps;
   // TCP_NOTSENT_LOWAT for every stream; 0 = leave unset.
   uint32_t notsent_lowat = 128 * 1024;
   // Deadline for TCP connect + TLS handshake + hello exchange of one stream.

@@ -56,6 +56,7 @@ void LinkCore::Tick() {
 
   int64_t tcp_rtt_sum = 0;
   int tcp_rtt_n = 0;
+  uint64_t pacing = 0;
   uint64_t retrans = retrans_closed_;
   for (auto& stream : std::vector<std::shared_ptr<StreamConn>>(slots_)) {
     if (!stream || !stream->up) continue;
@@ -78,6 +79,7 @@ void LinkCore::Tick() {
     }
     if (auto info = ReadTcpInfo(stream->Lowest().native_handle()); info.ok()) {
       retrans += info->total_retrans;
+      pacing += info->max_pacing_bytes_per_s;
       if (info->rtt_ns > 0) {
         tcp_rtt_sum += info->rtt_ns;
         ++tcp_rtt_n;
@@ -90,6 +92,7 @@ void LinkCore::Tick() {
     }
   }
   est_.tcp_retransmissions = retrans;
+  est_.max_pacing_bytes_per_s = pacing;
   est_.tcp_rtt_ns = tcp_rtt_n > 0 ? tcp_rtt_sum / tcp_rtt_n : 0;
 
   // Goodput: the mean of the window's delivery-rate samples (see SampleDelivery), in windows

@@ -35,6 +35,10 @@ LinkCore::LinkCore(std::shared_ptr<EndpointCore> endpoint, Role role, std::strin
       chunk_bytes_(std::min(options_.chunk_bytes, kMaxChunkPayload)),
       controller_(options_.streams, options_.min_streams, options_.max_streams) {
   send_.set_max_started_bytes(options_.max_partial_bytes);
+  if (auto it = options_.peer_max_rate_bps.find(peer_region_);
+      it != options_.peer_max_rate_bps.end()) {
+    options_.max_rate_bps = it->second;
+  }
   target_streams_ = role_ == Role::kDialer ? options_.streams : 0;
   if (role_ == Role::kDialer && options_.adapt_streams) {
     target_streams_ = controller_.streams();

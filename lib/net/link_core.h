@@ -142,6 +142,8 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   // ---- Streams up and down, retiring, reading and writing (link_streams.cc) --------------------
 
   void Attach(const std::shared_ptr<StreamConn>& stream, int slot);
+  // Gives every stream up its share of LinkOptions::max_rate_bps (no-op without a rate).
+  void Pace();
   // Takes a stream out of the pool for good (its slot may be redialled with a new one).
   // By value: callers pass slots_[i], which this resets.
   bool Drop(std::shared_ptr<StreamConn> stream);

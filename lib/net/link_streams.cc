@@ -8,6 +8,7 @@
 // the wire format of the records is wire.h's.
 #include "net/link_core.h"
 
+#include <algorithm>
 #include <array>
 #include <span>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "common/log.h"
 #include "net/endpoint_core.h"
+#include "net/socket_options.h"
 #include "net/stream_conn.h"
 
 namespace strait::net {
@@ -49,9 +51,25 @@ void LinkCore::Attach(const std::shared_ptr<StreamConn>& stream, int slot) {
   dial_warned_ = false;
   ++streams_up_;
   STRAIT_LOG(kDebug, "net") << stream->peer() << " up";
+  Pace();
   ReadRecord(stream);
   Pump(stream);
   Publish();
+}
+
+void LinkCore::Pace() {
+  if (options_.max_rate_bps == 0 || streams_up_ <= 0) return;
+  // An equal share: the streams carry chunks from one queue, so a stream held back by its cap
+  // only leaves more chunks to the others.
+  const uint64_t share = std::max<uint64_t>(1, options_.max_rate_bps / 8 /
+                                                   static_cast<uint64_t>(streams_up_));
+  for (const auto& s : slots_) {
+    if (!s || !s->up) continue;
+    if (Status st = SetMaxPacingRate(s->Lowest().native_handle(), share); !st.ok()) {
+      STRAIT_LOG(kWarn, "net") << s->peer() << ": cannot pace the stream (" << st.message()
+                               << "); it sends as fast as TCP lets it";
+    }
+  }
 }
 
 bool LinkCore::Drop(std::shared_ptr<StreamConn> stream) {
@@ -65,6 +83,7 @@ bool LinkCore::Drop(std::shared_ptr<StreamConn> stream) {
   }
   stream->link.reset();  // breaks the link <-> stream cycle
   --streams_up_;
+  Pace();
   if (streams_up_ == 0) {
     no_streams_since_ = MonotonicNanos();
     if (state_ != State::kActive) endpoint_->Released(this);

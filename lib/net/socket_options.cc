@@ -62,6 +62,15 @@ Status SetNotSentLowat(int fd, uint32_t bytes) {
   return Status::Ok();
 }
 
+Status SetMaxPacingRate(int fd, uint64_t bytes_per_second) {
+  // The kernel's "no cap" is all ones (~0UL); it takes an unsigned long since Linux 4.20.
+  const unsigned long value = bytes_per_second == 0 ? ~0UL : bytes_per_second;
+  if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &value, sizeof(value)) != 0) {
+    return Errno("setsockopt(SO_MAX_PACING_RATE)");
+  }
+  return Status::Ok();
+}
+
 Status SetNoDelay(int fd) {
   const int one = 1;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
@@ -83,6 +92,10 @@ StatusOr<TcpInfo> ReadTcpInfo(int fd) {
     out.min_rtt_ns = static_cast<int64_t>(info.tcpi_min_rtt) * 1000;
   }
   out.total_retrans = info.tcpi_total_retrans;
+  if (len >= offsetof(tcp_info, tcpi_max_pacing_rate) + sizeof(info.tcpi_max_pacing_rate) &&
+      info.tcpi_max_pacing_rate != ~uint64_t{0}) {
+    out.max_pacing_bytes_per_s = info.tcpi_max_pacing_rate;
+  }
   return out;
 }
 

@@ -26,7 +26,11 @@ struct TcpInfo {
   int64_t rtt_ns = 0;      // smoothed (tcpi_rtt)
   int64_t min_rtt_ns = 0;  // windowed minimum (tcpi_min_rtt; Linux 4.6+)
   uint64_t total_retrans = 0;
+  uint64_t max_pacing_bytes_per_s = 0;  // tcpi_max_pacing_rate; 0 = no cap (or not reported)
 };
+// SO_MAX_PACING_RATE: the socket sends at most this many bytes per second, spread evenly
+// (TCP's own pacing, whatever the congestion control); 0 removes the cap.
+Status SetMaxPacingRate(int fd, uint64_t bytes_per_second);
 // Reads TCP_INFO; zeros where the kernel does not say.
 StatusOr<TcpInfo> ReadTcpInfo(int fd);
 

@@ -367,6 +367,61 @@ TEST_F(NetLink, ShrinkingAndGrowingThePoolLosesAndResendsNothing) {
   EXPECT_EQ(server.endpoint->Counters().links_accepted, 1u);
 }
 
+// Pacing (LinkOptions::max_rate_bps, per peer in peer_max_rate_bps): every stream up gets an
+// equal share as its kernel pacing rate, shared again when the pool changes, and the link then
+// sends no faster: 1 MiB at 4 Mbit/s takes about 2 s where unpaced loopback takes milliseconds.
+TEST_F(NetLink, MaxRateIsSharedAmongTheStreamsAsTheirKernelPacingRate) {
+  Server server;
+  EndpointOptions server_options = Options("us", us_, {"eu"});
+  server_options.link.peer_max_rate_bps["eu"] = 80'000'000;  // the link to eu: 10 MB/s
+  ASSERT_TRUE(server.Start(server_options).ok());
+  EndpointOptions options = Options("eu", eu_, {"us"});
+  options.link.adapt_streams = false;
+  options.link.adapt_chunk = false;
+  options.link.max_rate_bps = 4'000'000;
+  auto client = Endpoint::Create(options, nullptr);
+  ASSERT_TRUE(client.ok());
+  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
+  ASSERT_TRUE(link.ok());
+  ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+  // Four streams of 125,000 B/s each; then two of 250,000.
+  EXPECT_TRUE(Eventually(
+      [&] { return (*link)->Estimates().max_pacing_bytes_per_s == 500'000; }, 5))
+      << (*link)->Estimates().max_pacing_bytes_per_s;
+  std::shared_ptr<Link> accepted;
+  ASSERT_TRUE(Eventually([&] { return (accepted = server.link(0)) != nullptr; }, 5));
+  EXPECT_TRUE(Eventually(
+      [&] { return accepted->Estimates().max_pacing_bytes_per_s == 10'000'000; }, 5))
+      << accepted->Estimates().max_pacing_bytes_per_s;
+  (*link)->SetStreamsForTest(2);
+  ASSERT_TRUE(Eventually([&] { return (*link)->Estimates().streams_up == 2; }, 10));
+  EXPECT_TRUE(Eventually(
+      [&] { return (*link)->Estimates().max_pacing_bytes_per_s == 500'000; }, 5))
+      << (*link)->Estimates().max_pacing_bytes_per_s;
+
+  SendTracker sends;
+  std::vector<uint8_t> m = Pattern(1 << 20, 7);
+  const std::vector<uint8_t> expected = m;
+  Stopwatch took;
+  (*link)->Send(0, std::move(m), Deadline::AfterSeconds(30), sends.Done());
+  ASSERT_TRUE(sends.WaitFor(1, 30));
+  EXPECT_TRUE(sends.results()[0].ok()) << sends.results()[0];
+  EXPECT_GE(took.ElapsedSeconds(), 1.5) << "1 MiB paced at 4 Mbit/s went faster than 5.6 Mbit/s";
+  ASSERT_TRUE(server.received.WaitFor(1, 10));
+  EXPECT_EQ(server.received.messages().at(0).at(0), expected);
+
+  // Unpaced links report no cap.
+  Server plain;
+  ASSERT_TRUE(plain.Start(Options("us", us_, {"eu"})).ok());
+  auto free_link = (*client)->Connect("us", "127.0.0.1", plain.port, nullptr);
+  ASSERT_TRUE(free_link.ok());
+  ASSERT_TRUE((*free_link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+  std::shared_ptr<Link> free_accepted;
+  ASSERT_TRUE(Eventually([&] { return (free_accepted = plain.link(0)) != nullptr; }, 5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a few ticks
+  EXPECT_EQ(free_accepted->Estimates().max_pacing_bytes_per_s, 0u);
+}
+
 TEST_F(NetLink, CertificateFromAnotherCaIsRefused) {
   Server server;
   ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
