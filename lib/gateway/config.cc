@@ -339,11 +339,18 @@ Status ReadPeers(Reader& top, const std::string& file, GatewayConfig* c) {
         STRAIT_RETURN_IF_ERROR(CheckPeerDial(peers, addr, kpath, region, c));
         continue;
       }
+      if (key == "max_rate") {
+        Reader table(*node.as_table(), path, file);
+        uint64_t rate = 0;
+        STRAIT_RETURN_IF_ERROR(table.ReadRate("max_rate", &rate));
+        c->link.peer_max_rate_bps[region] = rate;
+        continue;
+      }
       const int index = ShardIndexOf(key);
       if (index < 0 || index > 4095) {
         return peers.Error(shard_key.source(), kpath,
-                           "unknown key; allowed: shard_<index> with index in [0, 4095], or "
-                           "dial");
+                           "unknown key; allowed: shard_<index> with index in [0, 4095], "
+                           "dial, or max_rate");
       }
       if (!addr.is_string()) {
         return peers.Error(addr.source(), kpath,
@@ -417,10 +424,11 @@ Status ReadLink(Reader& top, const std::string& file, GatewayConfig* c) {
                      "\"cubic\", \"reno\"");
     }
   }
+  STRAIT_RETURN_IF_ERROR(r.ReadRate("max_rate", &c->link.max_rate_bps));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("handshake_timeout", &c->link.handshake_timeout_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("unreachable_after", &c->link.unreachable_after_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("stream_timeout", &c->link.stream_timeout_ns));
-  return r.CheckNoUnknownKeys({"streams", "adapt_streams", "congestion_control",
+  return r.CheckNoUnknownKeys({"streams", "adapt_streams", "congestion_control", "max_rate",
                                "handshake_timeout", "unreachable_after", "stream_timeout"});
 }
 

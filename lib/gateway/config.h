@@ -26,6 +26,8 @@
 //   [link]                        # optional; see net::LinkOptions
 //   streams = 1
 //   congestion_control = "bbr"
+//   max_rate = "500mbit"          # pacing: this gateway's share of the WAN path to each peer;
+//                                 # [peers.<region>] max_rate sets one peer's (see below)
 //   handshake_timeout = "5s"
 //   unreachable_after = "30s"
 //   stream_timeout = "10s"

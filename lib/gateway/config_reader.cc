@@ -33,9 +33,11 @@ constexpr std::string_view kKnownKeys[] = {
     "tls.key",
     "peers.<region>.shard_<index>",
     "peers.<region>.dial",
+    "peers.<region>.max_rate",
     "link.streams",
     "link.adapt_streams",
     "link.congestion_control",
+    "link.max_rate",
     "link.handshake_timeout",
     "link.unreachable_after",
     "link.stream_timeout",
@@ -185,6 +187,21 @@ Status Reader::ReadSize(std::string_view key, uint64_t* out) {
   if (!n->is_string()) return WrongType(*n, key, allowed);
   auto v = ParseSize(n->as_string()->get());
   if (!v.ok()) {
+    return Error(n->source(), PathOf(key),
+                 "found \"" + n->as_string()->get() + "\"; allowed: " + allowed);
+  }
+  *out = *v;
+  return Status::Ok();
+}
+
+Status Reader::ReadRate(std::string_view key, uint64_t* out) {
+  const char* allowed = "a rate string of at least 1mbit such as \"100mbit\", \"2.5gbit\" or "
+                        "\"12.5MB/s\"";
+  const toml::node* n = Get(key);
+  if (n == nullptr) return Status::Ok();
+  if (!n->is_string()) return WrongType(*n, key, allowed);
+  auto v = ParseRate(n->as_string()->get());
+  if (!v.ok() || *v < 1'000'000) {
     return Error(n->source(), PathOf(key),
                  "found \"" + n->as_string()->get() + "\"; allowed: " + allowed);
   }

@@ -50,6 +50,9 @@ class Reader {
   Status ReadDuration(std::string_view key, int64_t* out);
   // A size: an integer number of bytes or a string such as "64KiB".
   Status ReadSize(std::string_view key, uint64_t* out);
+  // A rate string such as "100mbit" or "12.5MB/s", in bits per second; at least 1 Mbit/s (a
+  // WAN link paced slower is a typo, not a setting).
+  Status ReadRate(std::string_view key, uint64_t* out);
   Status ReadIdList(std::string_view key, std::vector<uint32_t>* out);
   // A sub-table; *out is null when absent.
   Status ReadTable(std::string_view key, bool required, const toml::table** out);

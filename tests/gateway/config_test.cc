@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <map>
 #include <set>
 #include <string>
 
@@ -68,6 +69,21 @@ TEST(GatewayConfig, ParsesAGoodFile) {
   EXPECT_EQ(c->allreduce_deadline_ns, 90'000'000'000);
   EXPECT_EQ(c->WorldRegions(), (std::vector<std::string>{"ap-south", "eu-west", "us-east"}));
   EXPECT_NE(c->Summary().find("world [ap-south, eu-west, us-east]"), std::string::npos);
+}
+
+// Pacing: link.max_rate for every peer, peers.<region>.max_rate for one, in bits per second
+// (net::LinkOptions::max_rate_bps and peer_max_rate_bps); unset, nothing is paced.
+TEST(GatewayConfig, MaxRatePacesEveryLinkOrOnePeers) {
+  EXPECT_EQ(ParseConfig(kGood, "f.toml")->link.max_rate_bps, 0u);
+  EXPECT_TRUE(ParseConfig(kGood, "f.toml")->link.peer_max_rate_bps.empty());
+  std::string text = kGood;
+  text.replace(text.find("streams = 8"), 11, "streams = 8\nmax_rate = \"400mbit\"");
+  text.replace(text.find("[peers.eu-west]"), 15, "[peers.eu-west]\nmax_rate = \"12.5MB/s\"");
+  auto c = ParseConfig(text, "f.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->link.max_rate_bps, 400'000'000u);
+  EXPECT_EQ(c->link.peer_max_rate_bps, (std::map<std::string, uint64_t>{{"eu-west", 100'000'000}}));
+  EXPECT_EQ(c->peers.at("eu-west").size(), 2u);  // max_rate is no shard
 }
 
 TEST(GatewayConfig, OwnRegionTableListsTheRegionsGateways) {
@@ -165,6 +181,14 @@ const BadCase kBadCases[] = {
      "f.toml:21:21: link.unreachable_after: found \"45\"; allowed: a positive duration string"},
     {"duration wrong type", "unreachable_after = \"45s\"", "unreachable_after = 45",
      "link.unreachable_after: found an integer; allowed: a positive duration"},
+    {"max rate without a unit", "streams = 8", "streams = 8\nmax_rate = \"100\"",
+     "link.max_rate: found \"100\"; allowed: a rate string of at least 1mbit"},
+    {"max rate below 1 Mbit/s", "streams = 8", "streams = 8\nmax_rate = \"500kbit\"",
+     "link.max_rate: found \"500kbit\"; allowed: a rate string of at least 1mbit"},
+    {"max rate not a string", "streams = 8", "streams = 8\nmax_rate = 100000000",
+     "link.max_rate: found an integer; allowed: a rate string"},
+    {"peer max rate bad", "[peers.eu-west]", "[peers.eu-west]\nmax_rate = \"fast\"",
+     "f.toml:14:12: peers.eu-west.max_rate: found \"fast\"; allowed: a rate string"},
     {"bad congestion control", "\"bbr\"", "\"bbr; rm -rf\"",
      "link.congestion_control: found \"bbr; rm -rf\"; allowed: a kernel algorithm name"},
     {"unknown policy codec", "codec = \"int8\"", "codec = \"int3\"",
