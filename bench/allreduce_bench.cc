@@ -349,6 +349,11 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "Congestion control of the gateways' WAN streams (straitd's "
                  "link.congestion_control, e.g. bbr or reno; default: the system's)")
       ->check(CLI::IsMember({"bbr", "reno", "cubic"}));
+  cmd.add_option("--pace", f->pace,
+                 "When emulating, pace each gateway's link to a peer at its share of the pair's "
+                 "rate (straitd's peers.<region>.max_rate: rate / straitds per region); false "
+                 "leaves the streams to TCP alone")
+      ->capture_default_str();
   cmd.add_option("--straitd", f->straitd,
                  "straitd binary (default: next to strait-bench, the build tree, then PATH)")
       ->type_name("PATH");

@@ -223,11 +223,16 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
       }
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
+        t += "[peers." + RegionName(p) + "]\n";
+        if (s.emulated && f.pace && s.table.at(r, p).rate_bps != 0) {
+          // The region's k gateways send over this pair at once: each gets an equal share.
+          t += "max_rate = \"" +
+               std::to_string(s.table.at(r, p).rate_bps / static_cast<uint64_t>(k)) + "bit\"\n";
+        }
         if (p == f.dial_only) {  // it dials this gateway: no address
-          t += "[peers." + RegionName(p) + "]\ndial = \"outbound-only\"\n";
+          t += "dial = \"outbound-only\"\n";
           continue;
         }
-        t += "[peers." + RegionName(p) + "]\n";
         for (int shard = i * spg; shard < (i + 1) * spg; ++shard) {
           t += "shard_" + std::to_string(shard) + " = \"" + Addr(s, p) + ":" +
                std::to_string(port(p, i)) + "\"\n";

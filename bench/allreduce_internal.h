@@ -72,6 +72,9 @@ struct Flags {
   int streams = gateway::kDefaultLinkStreams;  // straitd's link.streams default
   bool adapt_streams = true;
   std::string cc;  // straitd's link.congestion_control; empty: the namespace's default
+  // Emulating: each gateway paces its link to a peer region at its share of that directed
+  // pair's rate (straitd's peers.<region>.max_rate = rate / gateways per region).
+  bool pace = true;
   std::string straitd;
   double timeout_s = 600;
   // nccl-tests' size sweep: -b/--minbytes, -e/--maxbytes (0: not given), -f/--stepfactor.

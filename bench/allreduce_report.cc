@@ -160,6 +160,9 @@ std::string FormatTable(const Report& rep) {
     << f.streams << (f.streams == 1 ? " stream" : " streams")
     << (f.adapt_streams ? " at first, adaptive" : ", fixed")
     << ", congestion control " << (f.cc.empty() ? "the system's" : f.cc)
+    << (rep.setup.emulated
+            ? (f.pace ? ", paced at each pair's rate / gateways per region" : ", unpaced")
+            : "")
     << "; the ring baseline is plain TCP between the ranks\n";
   if (f.dial_only >= 0) {
     o << "# r" << f.dial_only << " is behind NAT (--dial-only): no connection into it "
@@ -478,6 +481,7 @@ std::string FormatJson(const Report& rep) {
   j["streams"] = f.streams;
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
+  j["paced"] = rep.setup.emulated && f.pace;
   j["links_equal"] = rep.links_equal;
   j["link"] = rep.setup.emulated ? Json(rep.setup.table.at(0, 1).ToString()) : Json(nullptr);
   j["rtt_s"] = rep.setup.emulated ? Json(RttSeconds(rep.setup.table)) : Json(nullptr);
