@@ -13,7 +13,8 @@
 #
 #   sudo bench/pytorch_ddp.sh [BUILD_DIR] [--json]     # default build/release; ~5-10 minutes
 #
-# STEPS (40), BATCH (16 per rank), OUT (a temporary directory: runs/*.json, loss.png) override.
+# STEPS (40), BATCH (16 per rank), MAX_RATE (50mbit: each straitd's link.max_rate), OUT (a
+# temporary directory: runs/*.json, loss.png) override.
 # Goals: strait int8 step time >= 5x faster than gloo (speedup); accuracy within 1 point of gloo.
 # --json: one JSON object {runs: [...], speedup, accuracy_delta_points, ...} on stdout.
 # Exit code: 0 when every run completed with identical parameters on every rank (a MISSed goal
@@ -26,11 +27,14 @@ JSON=0
 for a in "$@"; do
   case $a in
     --json) JSON=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) BUILD=$a ;;
   esac
 done
 STEPS=${STEPS:-40}
+# Each straitd paces its links at its share of a pair's 100 Mbit/s (2 straitds per region);
+# MAX_RATE=0 leaves them unpaced (straitd's link.max_rate; the figures before 2026-12-03).
+MAX_RATE=${MAX_RATE:-50mbit}
 BATCH=${BATCH:-16}
 PY=/usr/bin/python3
 NAME=ptddp
@@ -61,6 +65,7 @@ run() {  # label hook compression
   local label=$1 hook=$2 comp=$3
   local launch=("$PY" -m strait.launch --regions 3 --ranks 2 --wanem "$NAME" --wanem-bin "$WANEM"
                 --straitd "$STRAITD" --tls --deadline 120s --workdir "$OUT/gw-$label")
+  [[ $MAX_RATE == 0 ]] || launch+=(--max-rate "$MAX_RATE")
   [[ $hook == none ]] && launch+=(--no-gateways)
   say "== $label =="
   if ! "${launch[@]}" -- "$PY" examples/pytorch/train_ddp.py --hook "$hook" \

@@ -68,7 +68,7 @@ class Gateways:
 
     def __init__(self, straitd, regions, shards, workdir, address=None, prefix=None, tls=None,
                  policy=DEFAULT_POLICY, deadline="30s", streams=2, ports=None, env=None,
-                 metrics=False, per_gateway=1):
+                 metrics=False, per_gateway=1, max_rate=None):
         if per_gateway < 1 or shards % per_gateway != 0:
             raise ValueError(f"per_gateway={per_gateway} must divide shards={shards}")
         self.per_gateway = per_gateway
@@ -76,6 +76,9 @@ class Gateways:
         self.address = address or (lambda r: "127.0.0.1")
         self.prefix = prefix or (lambda r: [])
         self.tls, self.policy, self.deadline, self.streams = tls, policy, deadline, streams
+        # straitd's link.max_rate (a rate string such as "50mbit"): pacing, each straitd's share
+        # of the WAN path to every peer region. None: unpaced.
+        self.max_rate = max_rate
         if ports is None:
             free = free_ports(regions * shards)
             ports = lambda r, i: free[r * shards + i]  # noqa: E731
@@ -117,6 +120,8 @@ class Gateways:
                 for s in range(i, i + k):
                     t += f'shard_{s} = "{self.address(p)}:{self.port(p, i)}"\n'
         t += f"[link]\nstreams = {self.streams}\n"
+        if self.max_rate:
+            t += f'max_rate = "{self.max_rate}"\n'
         t += "[policy]\n" + self.policy
         if self.metrics_port is not None:
             t += f'[metrics]\nlisten = "{self.address(r)}:{self.metrics_port(r, i)}"\n'

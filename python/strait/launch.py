@@ -57,6 +57,10 @@ def parse(argv):
     p.add_argument("--tls", action="store_true", help="mutual TLS between the straitds")
     p.add_argument("--policy", default=cluster.DEFAULT_POLICY, help="straitd's [policy] body")
     p.add_argument("--deadline", default="30s", help="straitd's all-reduce deadline")
+    p.add_argument("--max-rate", metavar="RATE",
+                   help="straitd's link.max_rate, e.g. 50mbit: each straitd paces its link to "
+                        "every peer region at RATE (its share of the WAN path: the path's rate "
+                        "/ the ranks per region); default: unpaced")
     p.add_argument("--wan-bytes-out", metavar="FILE",
                    help="write the bytes every straitd sent to its WAN peers "
                         "(strait_peer_sent_bytes_total, summed) to FILE when the ranks are done")
@@ -90,7 +94,7 @@ def main(argv=None):
             gateways = cluster.Gateways(a.straitd or cluster.find_straitd(), a.regions, a.ranks,
                                         workdir, address=address, prefix=prefix, tls=tls,
                                         policy=a.policy, deadline=a.deadline, ports=ports,
-                                        metrics=bool(a.wan_bytes_out))
+                                        metrics=bool(a.wan_bytes_out), max_rate=a.max_rate)
             gateways.start()
         master_port = cluster.free_ports(1)[0] if not a.wanem else 29500
         world = a.regions * a.ranks

@@ -23,10 +23,11 @@ def env():
                 OMP_NUM_THREADS="1")
 
 
-def launch(straitd, workdir, command, regions=2, ranks=2, timeout=150, deadline="20s", **kw):
+def launch(straitd, workdir, command, regions=2, ranks=2, timeout=150, deadline="20s", extra=(),
+           **kw):
     args = [sys.executable, "-m", "strait.launch", "--regions", str(regions), "--ranks",
             str(ranks), "--straitd", straitd, "--workdir", str(workdir), "--policy", TEST_POLICY,
-            "--deadline", deadline, "--grace", "40", "--"] + command
+            "--deadline", deadline, "--grace", "40", *extra, "--"] + command
     return subprocess.run(args, env=env(), capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -157,3 +158,22 @@ def test_strait_process_group_backend(library, straitd, tmp_path):
     r = launch(straitd, tmp_path / "gw", [sys.executable, "-c", script], ranks=1)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("PG-OK") == 2, r.stdout + r.stderr
+
+
+def test_launch_max_rate_paces_every_straitd_and_a_bad_rate_is_refused(straitd, tmp_path):
+    # --max-rate becomes each straitd's link.max_rate (straitd then paces its links); a rate it
+    # cannot read fails the launch with straitd's error naming the key, before any rank runs.
+    r = launch(straitd, tmp_path / "ok", [sys.executable, "-c", "print('RAN')"], ranks=1,
+               extra=("--max-rate", "50mbit"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("RAN") == 2, r.stdout + r.stderr
+    configs = sorted(p for p in os.listdir(tmp_path / "ok") if p.endswith(".toml"))
+    assert len(configs) == 2, configs
+    for name in configs:
+        with open(tmp_path / "ok" / name) as f:
+            assert 'max_rate = "50mbit"' in f.read(), name
+    r = launch(straitd, tmp_path / "bad", [sys.executable, "-c", "print('RAN')"], ranks=1,
+               extra=("--max-rate", "50"), timeout=60)
+    assert r.returncode != 0
+    assert "RAN" not in r.stdout
+    assert "link.max_rate" in r.stdout + r.stderr, r.stdout + r.stderr
