@@ -45,6 +45,9 @@ constexpr FamilySpec kFamilies[] = {
     {"strait_peer_rtt_smoothed_seconds", MetricType::kGauge,
      "Smoothed round-trip time of the link's pings, queueing behind data included."},
     {"strait_peer_streams", MetricType::kGauge, "TCP streams of the link that are up."},
+    {"strait_peer_pacing_bytes_per_second", MetricType::kGauge,
+     "The link's pacing cap in force, its streams' kernel pacing rates summed (link.max_rate / "
+     "8; 0 = unpaced)."},
     {"strait_peer_streams_target", MetricType::kGauge,
      "Streams the link aims for (K, adapted on goodput; dialing side)."},
     {"strait_peer_tcp_retransmissions_total", MetricType::kCounter,
@@ -185,6 +188,7 @@ std::string Gateway::Impl::MetricsText() {
   for (const char* name :
        {"strait_peer_up", "strait_peer_goodput_bytes_per_second", "strait_peer_rtt_min_seconds",
         "strait_peer_rtt_smoothed_seconds", "strait_peer_streams", "strait_peer_streams_target",
+        "strait_peer_pacing_bytes_per_second",
         "strait_peer_tcp_retransmissions_total", "strait_peer_chunks_resent_total",
         "strait_peer_stream_failures_total", "strait_peer_sent_bytes_total",
         "strait_peer_received_bytes_total"}) {
@@ -205,6 +209,8 @@ std::string Gateway::Impl::MetricsText() {
                 static_cast<double>(e.rtt_smoothed_ns) / 1e9);
     metrics.Set("strait_peer_streams", l, e.streams_up);
     metrics.Set("strait_peer_streams_target", l, e.streams_target);
+    metrics.Set("strait_peer_pacing_bytes_per_second", l,
+                static_cast<double>(e.max_pacing_bytes_per_s));
     metrics.Set("strait_peer_tcp_retransmissions_total", l,
                 static_cast<double>(e.tcp_retransmissions));
     metrics.Set("strait_peer_chunks_resent_total", l, static_cast<double>(e.chunks_resent));

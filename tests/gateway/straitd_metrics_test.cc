@@ -117,6 +117,8 @@ class StraitdMetrics : public ::testing::Test {
       c += "[peers." + std::string(kNames[p]) +
            "]\nshard_0 = \"127.0.0.1:" + std::to_string(ports[static_cast<size_t>(p)]) + "\"\n";
       c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"20s\"\n";
+      // eu paces its link (config -> link -> metric, checked below); us does not.
+      if (r == 0) c += "max_rate = \"400mbit\"\n";
       c += "[allreduce]\ndeadline = \"20s\"\nshutdown_grace = \"5s\"\n";
       c += "[metrics]\nlisten = \"127.0.0.1:" + std::to_string(metrics_ports_[r]) + "\"\n";
       configs_[r] = dir_ + "/" + kNames[r] + ".toml";
@@ -303,6 +305,17 @@ TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
       << text;
   EXPECT_EQ(Sample(text, "strait_peer_up{peer=\"us\"}"), 1.0);
   EXPECT_EQ(Sample(text, "strait_peer_streams{peer=\"us\"}"), 2.0);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        text = Get(metrics_ports_[0], "/metrics").body;
+        return Sample(text, "strait_peer_pacing_bytes_per_second{peer=\"us\"}") == 50'000'000;
+      },
+      5))
+      << "link.max_rate 400mbit: two streams of 25 MB/s\n"
+      << text;
+  EXPECT_EQ(Sample(Get(metrics_ports_[1], "/metrics").body,
+                   "strait_peer_pacing_bytes_per_second{peer=\"eu\"}"),
+            0.0);
   EXPECT_LT(Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(9), 1.0);
   EXPECT_GE(Sample(text, "strait_peer_rtt_smoothed_seconds{peer=\"us\"}").value_or(0),
             Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(1));
