@@ -101,7 +101,9 @@ struct LinkOptions {
   // probes above its share, and the flows' estimates together exceed the path. Set it to this
   // gateway's share of the path's rate (the circuit's rate / the gateways that share it).
   uint64_t max_rate_bps = 0;
-  // max_rate_bps for the links to particular peer regions (key: the region name).
+  // max_rate_bps for the links to particular peer regions (key: the region name). Links to
+  // gateways of the endpoint's own region (region all-reduces, on the LAN) are paced only when
+  // their region is listed here: max_rate_bps is about the WAN path.
   std::map<std::string, uint64_t> peer_max_rate_bps;
   // TCP_NOTSENT_LOWAT for every stream; 0 = leave unset.
   uint32_t notsent_lowat = 128 * 1024;

@@ -38,6 +38,8 @@ LinkCore::LinkCore(std::shared_ptr<EndpointCore> endpoint, Role role, std::strin
   if (auto it = options_.peer_max_rate_bps.find(peer_region_);
       it != options_.peer_max_rate_bps.end()) {
     options_.max_rate_bps = it->second;
+  } else if (peer_region_ == endpoint_->options().region) {
+    options_.max_rate_bps = 0;  // the region's own gateways talk over the LAN, not the WAN path
   }
   target_streams_ = role_ == Role::kDialer ? options_.streams : 0;
   if (role_ == Role::kDialer && options_.adapt_streams) {

@@ -370,6 +370,7 @@ TEST_F(NetLink, ShrinkingAndGrowingThePoolLosesAndResendsNothing) {
 // Pacing (LinkOptions::max_rate_bps, per peer in peer_max_rate_bps): every stream up gets an
 // equal share as its kernel pacing rate, shared again when the pool changes, and the link then
 // sends no faster: 1 MiB at 4 Mbit/s takes about 2 s where unpaced loopback takes milliseconds.
+// Unpaced links, and links within the own region, report no cap.
 TEST_F(NetLink, MaxRateIsSharedAmongTheStreamsAsTheirKernelPacingRate) {
   Server server;
   EndpointOptions server_options = Options("us", us_, {"eu"});
@@ -420,6 +421,20 @@ TEST_F(NetLink, MaxRateIsSharedAmongTheStreamsAsTheirKernelPacingRate) {
   ASSERT_TRUE(Eventually([&] { return (free_accepted = plain.link(0)) != nullptr; }, 5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a few ticks
   EXPECT_EQ(free_accepted->Estimates().max_pacing_bytes_per_s, 0u);
+
+  // max_rate_bps is about the WAN path: a link to a gateway of the own region (a region
+  // all-reduce's, on the LAN) stays unpaced unless peer_max_rate_bps names the region.
+  Server region;
+  ASSERT_TRUE(region.Start(Options("us", us_, {"us"})).ok());
+  EndpointOptions us_options = Options("us", us_, {"us"});
+  us_options.link.max_rate_bps = 4'000'000;
+  auto us_client = Endpoint::Create(us_options, nullptr);
+  ASSERT_TRUE(us_client.ok());
+  auto lan = (*us_client)->Connect("us", "127.0.0.1", region.port, nullptr);
+  ASSERT_TRUE(lan.ok());
+  ASSERT_TRUE((*lan)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ((*lan)->Estimates().max_pacing_bytes_per_s, 0u);
 }
 
 TEST_F(NetLink, CertificateFromAnotherCaIsRefused) {
