@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/units.h"
 #include "gateway/config.h"
 #include "strait/codec.h"
 
@@ -96,6 +97,13 @@ std::string GatewayConfig::Summary() const {
     size_t i = 0;
     for (const std::string& r : dial_only_peers) os << (i++ ? ", " : "") << r;
     os << "]";
+  }
+  if (link.max_rate_bps != 0 || !link.peer_max_rate_bps.empty()) {
+    const double rate = static_cast<double>(link.max_rate_bps);
+    os << ", paced at " << (rate != 0 ? FormatRate(rate) : std::string("no cap"));
+    for (const auto& [peer, rate] : link.peer_max_rate_bps) {
+      os << ", " << peer << " " << FormatRate(static_cast<double>(rate));
+    }
   }
   if (!shard_weights.empty()) {
     os << ", shard weights [";

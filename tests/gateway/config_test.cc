@@ -84,6 +84,9 @@ TEST(GatewayConfig, MaxRatePacesEveryLinkOrOnePeers) {
   EXPECT_EQ(c->link.max_rate_bps, 400'000'000u);
   EXPECT_EQ(c->link.peer_max_rate_bps, (std::map<std::string, uint64_t>{{"eu-west", 100'000'000}}));
   EXPECT_EQ(c->peers.at("eu-west").size(), 2u);  // max_rate is no shard
+  EXPECT_NE(c->Summary().find("paced at 400 Mbit/s, eu-west 100 Mbit/s"), std::string::npos)
+      << c->Summary();
+  EXPECT_EQ(ParseConfig(kGood, "f.toml")->Summary().find("paced"), std::string::npos);
 }
 
 TEST(GatewayConfig, OwnRegionTableListsTheRegionsGateways) {
