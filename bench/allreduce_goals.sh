@@ -14,7 +14,9 @@
 #           and weighted (each region's slowest link, 2:1:1), and even shards, in the same run,
 #           the gateways restarted in between. Goal: >= 1.3x faster than even. The per-pair
 #           floors (printed as the bound) allow 2x for balanced and 1.32x for weighted at 64 MiB.
-# SIZE (64MiB), ITERS (3), WARMUP (1), CASES ("equal hetero") and STREAMS (1) override; a small
+# The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
+# peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
+# SIZE (64MiB), ITERS (3), WARMUP (1), CASES ("equal hetero"), STREAMS (1) and PACE override; a small
 # SIZE checks the script, not the goals. The link bound is DESIGN's 2L + 2S(n-1)/(n r B); the
 # note under the table gives each mesh row against its per-pair floor as well (on strait-wanem
 # every directed pair has its own rate, so that floor is the tighter one).
@@ -28,6 +30,7 @@ ITERS=${ITERS:-3}
 WARMUP=${WARMUP:-1}
 CASES=${CASES:-equal hetero}
 STREAMS=${STREAMS:-1}   # straitd's link.streams default; links adapt from it
+PACE=${PACE:-true}
 
 die() { echo "allreduce_goals: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem creates network namespaces)"
@@ -41,7 +44,8 @@ TMP=$(mktemp -d /tmp/strait-goals-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
 COMMON=(allreduce --regions 3 --ranks-per-region 2 --size "$SIZE" --iters "$ITERS"
-        --warmup "$WARMUP" --streams "$STREAMS" --transport tls --straitd "$STRAITD" --json)
+        --warmup "$WARMUP" --streams "$STREAMS" --pace "$PACE" --transport tls --straitd "$STRAITD"
+        --json)
 run() {  # name, extra flags...
   local name=$1; shift
   echo "allreduce_goals: $name: strait-bench ${COMMON[*]} $*" >&2
