@@ -101,8 +101,8 @@ std::string GatewayConfig::Summary() const {
   if (link.max_rate_bps != 0 || !link.peer_max_rate_bps.empty()) {
     const double rate = static_cast<double>(link.max_rate_bps);
     os << ", paced at " << (rate != 0 ? FormatRate(rate) : std::string("no cap"));
-    for (const auto& [peer, rate] : link.peer_max_rate_bps) {
-      os << ", " << peer << " " << FormatRate(static_cast<double>(rate));
+    for (const auto& [peer, peer_rate] : link.peer_max_rate_bps) {
+      os << ", " << peer << " " << FormatRate(static_cast<double>(peer_rate));
     }
   }
   if (!shard_weights.empty()) {
