@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/log_limiter.h"
+#include "common/process_stats.h"
 #include "common/units.h"
 #include "common/version.h"
 #include "gateway/gateway_impl.h"
@@ -78,6 +79,16 @@ constexpr FamilySpec kFamilies[] = {
      "Encoded frame bytes all-reduces completed OK sent to peers, by job."},
     {"strait_allreduce_wan_received_bytes_total", MetricType::kCounter,
      "Encoded frame bytes all-reduces completed OK received from peers, by job."},
+    // The process's own, as Prometheus' client libraries name them (exported by the first shard).
+    {"process_cpu_seconds_total", MetricType::kCounter, "User and system CPU time, in seconds."},
+    {"process_resident_memory_bytes", MetricType::kGauge, "Resident memory size, in bytes."},
+    {"process_virtual_memory_bytes", MetricType::kGauge, "Virtual memory size, in bytes."},
+    {"process_open_fds", MetricType::kGauge, "Open file descriptors."},
+    {"process_max_fds", MetricType::kGauge,
+     "The descriptor limit (RLIMIT_NOFILE's soft limit; absent when unlimited)."},
+    {"process_start_time_seconds", MetricType::kGauge,
+     "Start time of the process, in seconds since the Unix epoch."},
+    {"process_threads", MetricType::kGauge, "Threads of the process."},
     {"strait_compression_ratio", MetricType::kGauge,
      "strait_allreduce_wan_raw_bytes_total / strait_allreduce_wan_sent_bytes_total of plain "
      "all-reduces, by job (1 = no compression; absent until a plain all-reduce sent bytes)."},
@@ -235,6 +246,17 @@ std::string Gateway::Impl::MetricsText() {
     error("bad_hello", c.bad_magic + c.bad_version + c.bad_hello);
     error("handshake_timeout", c.handshake_timeouts);
     error("setup_overflow", c.setup_overflows);
+  }
+  if (this == host->shards.front().get()) {
+    if (auto p = ReadProcessStats(); p.ok()) {
+      metrics.Set("process_cpu_seconds_total", {}, p->cpu_seconds);
+      metrics.Set("process_resident_memory_bytes", {}, static_cast<double>(p->resident_bytes));
+      metrics.Set("process_virtual_memory_bytes", {}, static_cast<double>(p->virtual_bytes));
+      metrics.Set("process_open_fds", {}, static_cast<double>(p->open_fds));
+      if (p->max_fds != 0) metrics.Set("process_max_fds", {}, static_cast<double>(p->max_fds));
+      metrics.Set("process_start_time_seconds", {}, p->start_time_seconds);
+      metrics.Set("process_threads", {}, static_cast<double>(p->threads));
+    }
   }
   return metrics.Text();
 }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -316,6 +317,15 @@ TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
   EXPECT_EQ(Sample(Get(metrics_ports_[1], "/metrics").body,
                    "strait_peer_pacing_bytes_per_second{peer=\"eu\"}"),
             0.0);
+  // The process's own series (issue #17: there were none), as /proc says; started before now.
+  EXPECT_GT(Sample(text, "process_resident_memory_bytes").value_or(0), 4 << 20);
+  EXPECT_LT(Sample(text, "process_resident_memory_bytes").value_or(1e18), 1 << 30);
+  EXPECT_GT(Sample(text, "process_open_fds").value_or(0), 5);
+  EXPECT_GT(Sample(text, "process_max_fds").value_or(0), 0);
+  EXPECT_GT(Sample(text, "process_cpu_seconds_total").value_or(-1), 0);
+  EXPECT_GT(Sample(text, "process_threads").value_or(0), 1);
+  EXPECT_LE(Sample(text, "process_start_time_seconds").value_or(1e18),
+            static_cast<double>(std::time(nullptr)));
   EXPECT_LT(Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(9), 1.0);
   EXPECT_GE(Sample(text, "strait_peer_rtt_smoothed_seconds{peer=\"us\"}").value_or(0),
             Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(1));
