@@ -79,6 +79,22 @@ constexpr FamilySpec kFamilies[] = {
      "Encoded frame bytes all-reduces completed OK sent to peers, by job."},
     {"strait_allreduce_wan_received_bytes_total", MetricType::kCounter,
      "Encoded frame bytes all-reduces completed OK received from peers, by job."},
+    // Cross-region tunnels: the NCCL plugin's point-to-point connections through straitd.
+    {"strait_tunnels_open", MetricType::kGauge, "Tunnels open now."},
+    {"strait_tunnels_opened_total", MetricType::kCounter, "Tunnels that were set up."},
+    {"strait_tunnels_refused_total", MetricType::kCounter,
+     "Tunnel requests refused (bad request, unknown listen, or the peer refused)."},
+    {"strait_tunnels_failed_total", MetricType::kCounter,
+     "Tunnels that ended with an error (a peer or rank lost, a deadline, bad frames)."},
+    {"strait_tunnel_messages_sent_total", MetricType::kCounter, "Tunnel messages sent to peers."},
+    {"strait_tunnel_messages_received_total", MetricType::kCounter,
+     "Tunnel messages received from peers."},
+    {"strait_tunnel_raw_bytes_sent_total", MetricType::kCounter,
+     "Tunnel payload bytes as the ranks handed them in."},
+    {"strait_tunnel_wire_bytes_sent_total", MetricType::kCounter,
+     "Tunnel bytes sent over the links (after zstd where it paid)."},
+    {"strait_tunnel_raw_bytes_received_total", MetricType::kCounter,
+     "Tunnel payload bytes delivered to the ranks."},
     // The process's own, as Prometheus' client libraries name them (exported by the first shard).
     {"process_cpu_seconds_total", MetricType::kCounter, "User and system CPU time, in seconds."},
     {"process_resident_memory_bytes", MetricType::kGauge, "Resident memory size, in bytes."},
@@ -246,6 +262,20 @@ std::string Gateway::Impl::MetricsText() {
     error("bad_hello", c.bad_magic + c.bad_version + c.bad_hello);
     error("handshake_timeout", c.handshake_timeouts);
     error("setup_overflow", c.setup_overflows);
+  }
+  if (tunnels != nullptr) {
+    const TunnelService::Counters t = tunnels->GetCounters();
+    metrics.Set("strait_tunnels_open", {}, static_cast<double>(t.open));
+    metrics.Set("strait_tunnels_opened_total", {}, static_cast<double>(t.opened));
+    metrics.Set("strait_tunnels_refused_total", {}, static_cast<double>(t.refused));
+    metrics.Set("strait_tunnels_failed_total", {}, static_cast<double>(t.closed_with_error));
+    metrics.Set("strait_tunnel_messages_sent_total", {}, static_cast<double>(t.messages_sent));
+    metrics.Set("strait_tunnel_messages_received_total", {},
+                static_cast<double>(t.messages_received));
+    metrics.Set("strait_tunnel_raw_bytes_sent_total", {}, static_cast<double>(t.raw_bytes_sent));
+    metrics.Set("strait_tunnel_wire_bytes_sent_total", {}, static_cast<double>(t.wire_bytes_sent));
+    metrics.Set("strait_tunnel_raw_bytes_received_total", {},
+                static_cast<double>(t.raw_bytes_received));
   }
   if (this == host->shards.front().get()) {
     if (auto p = ReadProcessStats(); p.ok()) {

@@ -233,6 +233,16 @@ class TunnelService {
   // only queues, sends and posts to the loop, never blocks. Thread-safe.
   void OnWanMessage(int peer, uint32_t channel, std::vector<uint8_t> message);
 
+  // What the tunnels did since start (raw = as the ranks handed it, wire = as sent, zstd
+  // included), for /metrics and the stats text.
+  struct Counters {
+    uint64_t open = 0;
+    uint64_t listens = 0, opened = 0, refused = 0, closed_with_error = 0;
+    uint64_t messages_sent = 0, messages_received = 0;
+    uint64_t raw_bytes_sent = 0, wire_bytes_sent = 0, raw_bytes_received = 0;
+    uint64_t zstd_messages = 0;
+  };
+  Counters GetCounters() const;
   // Counters, one "name value" per line (part of the gateway's stats).
   std::string StatsText() const;
 

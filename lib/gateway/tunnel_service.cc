@@ -214,20 +214,35 @@ void TunnelService::Supervise() {
   for (const auto& l : listens) PumpListen(l);
 }
 
-std::string TunnelService::StatsText() const {
-  size_t open = 0;
+TunnelService::Counters TunnelService::GetCounters() const {
+  Counters c;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    open = tunnels_.size();
+    c.open = tunnels_.size();
   }
+  c.listens = listens_total_;
+  c.opened = opened_;
+  c.refused = refused_;
+  c.closed_with_error = closed_with_error_;
+  c.messages_sent = messages_sent_;
+  c.messages_received = messages_received_;
+  c.raw_bytes_sent = raw_bytes_sent_;
+  c.wire_bytes_sent = wire_bytes_sent_;
+  c.raw_bytes_received = raw_bytes_received_;
+  c.zstd_messages = zstd_messages_;
+  return c;
+}
+
+std::string TunnelService::StatsText() const {
+  const Counters c = GetCounters();
   std::ostringstream os;
-  os << "tunnels_open " << open << "\ntunnel_listens " << listens_total_ << "\ntunnels_opened "
-     << opened_ << "\ntunnels_refused " << refused_ << "\ntunnels_closed_with_error "
-     << closed_with_error_ << "\ntunnel_messages_sent " << messages_sent_
-     << "\ntunnel_messages_received " << messages_received_ << "\ntunnel_raw_bytes_sent "
-     << raw_bytes_sent_ << "\ntunnel_wire_bytes_sent " << wire_bytes_sent_
-     << "\ntunnel_raw_bytes_received " << raw_bytes_received_ << "\ntunnel_zstd_messages "
-     << zstd_messages_ << "\n";
+  os << "tunnels_open " << c.open << "\ntunnel_listens " << c.listens << "\ntunnels_opened "
+     << c.opened << "\ntunnels_refused " << c.refused << "\ntunnels_closed_with_error "
+     << c.closed_with_error << "\ntunnel_messages_sent " << c.messages_sent
+     << "\ntunnel_messages_received " << c.messages_received << "\ntunnel_raw_bytes_sent "
+     << c.raw_bytes_sent << "\ntunnel_wire_bytes_sent " << c.wire_bytes_sent
+     << "\ntunnel_raw_bytes_received " << c.raw_bytes_received << "\ntunnel_zstd_messages "
+     << c.zstd_messages << "\n";
   return os.str();
 }
 

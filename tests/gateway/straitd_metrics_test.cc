@@ -317,6 +317,38 @@ TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
   EXPECT_EQ(Sample(Get(metrics_ports_[1], "/metrics").body,
                    "strait_peer_pacing_bytes_per_second{peer=\"eu\"}"),
             0.0);
+  // Tunnels (the NCCL plugin's point-to-point path; issue #17: no metrics): one from us to eu,
+  // one 100,000-byte message.
+  {
+    auto listener = TunnelListener::Listen(Socket(0), Deadline::AfterSeconds(10));
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    // Connect returns once the listening side accepted: from another thread.
+    StatusOr<std::unique_ptr<TunnelConnection>> b = UnavailableError("not connected");
+    std::thread connect([&] {
+      b = TunnelConnection::Connect(Socket(1), "eu", 0, (*listener)->listen_id(),
+                                    Deadline::AfterSeconds(10));
+    });
+    auto a = (*listener)->Accept(Deadline::AfterSeconds(10));
+    connect.join();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::vector<uint8_t> payload(100'000, 7);
+    ASSERT_TRUE((*b)->Send(payload, 1, Deadline::AfterSeconds(10)).ok());
+    auto m = (*a)->Receive(Deadline::AfterSeconds(10));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->data, payload);
+    const std::string us = Get(metrics_ports_[1], "/metrics").body;
+    EXPECT_EQ(Sample(us, "strait_tunnels_open"), 1.0) << us;
+    EXPECT_EQ(Sample(us, "strait_tunnels_opened_total"), 1.0);
+    EXPECT_EQ(Sample(us, "strait_tunnel_messages_sent_total"), 1.0);
+    EXPECT_EQ(Sample(us, "strait_tunnel_raw_bytes_sent_total"), 100'000.0);
+    EXPECT_LT(Sample(us, "strait_tunnel_wire_bytes_sent_total").value_or(1e9), 100'000.0)
+        << "100,000 equal bytes: zstd pays";
+    const std::string eu = Get(metrics_ports_[0], "/metrics").body;
+    EXPECT_EQ(Sample(eu, "strait_tunnel_messages_received_total"), 1.0) << eu;
+    EXPECT_EQ(Sample(eu, "strait_tunnel_raw_bytes_received_total"), 100'000.0);
+    EXPECT_EQ(Sample(eu, "strait_tunnels_failed_total"), 0.0);
+  }
   // The process's own series (issue #17: there were none), as /proc says; started before now.
   EXPECT_GT(Sample(text, "process_resident_memory_bytes").value_or(0), 4 << 20);
   EXPECT_LT(Sample(text, "process_resident_memory_bytes").value_or(1e18), 1 << 30);
