@@ -52,8 +52,6 @@
 
 namespace strait::collective {
 
-inline constexpr size_t kDefaultChunkElements = size_t{1} << 18;
-
 struct AllReduceRequest {
   // Keys of the error-feedback residuals; also named in errors.
   std::string job;

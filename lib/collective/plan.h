@@ -35,12 +35,21 @@ enum class Algorithm : uint8_t {
 };
 const char* AlgorithmName(Algorithm algorithm) noexcept;  // "auto", "mesh", "ring"
 
+// Elements per pipelined chunk unless the caller says otherwise. Smaller chunks shorten the
+// pipeline's fill and drain (the first chunk must cross before its owner can reduce it, the last
+// result must cross after it is reduced); larger ones cost fewer frames and compress better.
+// 2^17 (512 KiB of fp32) measured best on 100 Mbit/s, 20 ms links (bench/README.md,
+// "2026-12-03 (chunks)"): unequal shards 1.18-1.24x their floor where 2^18 left 1.23-1.26x,
+// equal links alike; 2^16 cost zstd's ratio.
+// Every gateway of a job must cut alike: the gateway's op identity names its chunk size.
+inline constexpr size_t kDefaultChunkElements = size_t{1} << 17;
+
 struct PlanOptions {
   size_t count = 0;                 // elements in the tensor
   int world = 1;                    // number of ranks
   std::vector<uint64_t> weights;    // per owner, > 0; empty = equal
   size_t align = 1;                 // shard and chunk alignment in elements, >= 1
-  size_t chunk_elements = 1 << 18;  // target chunk size; rounded up to a multiple of align
+  size_t chunk_elements = kDefaultChunkElements;  // rounded up to a multiple of align
   Algorithm algorithm = Algorithm::kAuto;
   // links[i * world + j] != 0 when rank i can send to rank j; empty = full mesh.
   std::vector<uint8_t> links;

@@ -178,6 +178,7 @@ Status AllReduceService::Prepare(const Message& request, const Admission& a, con
                                                        : reply.data.data();
   req.feedback = &feedback_;
   req.shard_weights = g_.config.ShardWeights();  // empty (equal shards) unless configured
+  req.chunk_elements = g_.config.chunk_elements;
   req.deadline = a.deadline;
   req.codec = tc.codec;
   req.error_feedback = tc.error_feedback;
@@ -215,7 +216,8 @@ Status AllReduceService::Number(const Message& request, const Admission& a, Oper
   // hashes all of it, so steps of different comms or positions never meet; the announcement
   // (Begin) makes a disagreement between regions a clear error instead of a wait for the
   // deadline.
-  op->identity = IdentityText(request, a.frame.has_value() ? &*a.frame : nullptr);
+  op->identity = IdentityText(request, a.frame.has_value() ? &*a.frame : nullptr) +
+                 GatewayIdentityText(op->req.chunk_elements);
   const uint64_t word = IdentityWord(request.generation, request.sequence);
   op->req.op_id = TransportOpId(request, op->identity, word);
   op->region_op_id = RegionSideOpId(request.job, request.tensor_key, request.scope, word);
@@ -269,6 +271,9 @@ Status AllReduceService::Begin(const Message& request, Operation* op) {
     if (localproto::IsRegionAllReduce(request.type)) {
       g_.region_state.transport->Abort(op->region_op_id, s);
     }
+    // A disagreement: the peers run the step under another op id, which the abort above never
+    // reaches; this region's announcement makes them find the mismatch themselves.
+    if (!announce.empty()) g_.SendToPeers(kGenerationChannel, announce);
     return s;
   }
   op->began = true;

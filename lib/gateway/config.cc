@@ -495,6 +495,10 @@ Status ReadAllReduce(Reader& top, const std::string& file, GatewayConfig* c) {
   Reader r(*t, "allreduce", file);
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("deadline", &c->allreduce_deadline_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("shutdown_grace", &c->shutdown_grace_ns));
+  int64_t chunk = static_cast<int64_t>(c->chunk_elements);
+  STRAIT_RETURN_IF_ERROR(
+      r.ReadInt("chunk_elements", false, kMinChunkElements, kMaxChunkElements, &chunk));
+  c->chunk_elements = static_cast<size_t>(chunk);
   if (const toml::node* n = r.Get("shard_weights"); n != nullptr) {
     const char* allowed =
         "a table of region = positive integer (e.g. each region's slowest link in Mbit/s) "
@@ -526,7 +530,7 @@ Status ReadAllReduce(Reader& top, const std::string& file, GatewayConfig* c) {
       }
     }
   }
-  return r.CheckNoUnknownKeys({"deadline", "shutdown_grace", "shard_weights"});
+  return r.CheckNoUnknownKeys({"deadline", "shutdown_grace", "shard_weights", "chunk_elements"});
 }
 
 Status ReadMetrics(Reader& top, const std::string& file, GatewayConfig* c) {

@@ -44,6 +44,7 @@
 //   deadline = "60s"
 //   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
 //   shard_weights = { us-east = 100, eu-west = 50, ap-south = 50 }   # optional, see below
+//   chunk_elements = 131072       # pipelined chunk size; the same in every region (plan.h)
 //
 // Dial-only regions. Links between regions are dialled by one side and accepted by the other:
 // by default the region of lower rank (WorldRegions() order) dials. A region behind NAT or a
@@ -83,6 +84,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collective/plan.h"
 #include "net/link.h"
 #include "strait/codec.h"
 #include "strait/status.h"
@@ -115,6 +117,11 @@ struct PolicyLimits {
 // stream each dropped 10-24k and kept them 83-86% busy (3 regions x 2 ranks, 64 MiB at 100
 // Mbit/s: int8 1.11 s against 1.22, zstd 3.81 against 3.96; unequal links: 1.28 s against 1.63).
 inline constexpr int kDefaultLinkStreams = 1;
+
+// allreduce.chunk_elements' range: below 2^12 elements per-frame costs dominate; above 2^24
+// (64 MiB of fp32) a tensor is one chunk and nothing pipelines.
+inline constexpr int64_t kMinChunkElements = int64_t{1} << 12;
+inline constexpr int64_t kMaxChunkElements = int64_t{1} << 24;
 
 // The highest shard index a config may name.
 inline constexpr int kMaxConfigShard = 4095;
@@ -168,6 +175,11 @@ struct GatewayConfig {
   // slowest link (e.g. in Mbit/s). Every region's gateways must be given the SAME weights: the
   // ranks compute the split independently, and differing splits fail the all-reduce.
   std::map<std::string, uint64_t> shard_weights;
+  // allreduce.chunk_elements: elements per pipelined chunk of a cross-region all-reduce
+  // (collective::kDefaultChunkElements says how to choose). Every gateway of every region must
+  // use the same: the op identity names it, so regions that differ fail each step with an error
+  // saying so instead of cutting the tensor differently.
+  size_t chunk_elements = collective::kDefaultChunkElements;
   // metrics.listen: where the operational HTTP server (/metrics, /healthz, /readyz; see
   // gateway/http.h) listens. Off (no server) when absent.
   std::optional<HostPort> metrics_listen;

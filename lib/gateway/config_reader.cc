@@ -50,6 +50,7 @@ constexpr std::string_view kKnownKeys[] = {
     "allreduce.deadline",
     "allreduce.shutdown_grace",
     "allreduce.shard_weights.<region>",
+    "allreduce.chunk_elements",
 };
 
 }  // namespace

@@ -66,7 +66,7 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
       }
     }
   }
-  // Shard weights: every region's gateways must configure the same (gateway.h).
+  // Shard weights and chunk size: every region's gateways must configure the same (gateway.h).
   const GatewayConfig* first = nullptr;
   for (const GatewayConfig& c : configs) {
     if (first == nullptr) {
@@ -78,6 +78,13 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
           FileOf(c) + ": allreduce.shard_weights: differs from " + FileOf(*first) +
           "; fix: give every gateway of every region the same weights (or none anywhere), "
           "since each rank computes the split itself");
+    }
+    if (c.chunk_elements != first->chunk_elements) {
+      return InvalidArgumentError(
+          FileOf(c) + ": allreduce.chunk_elements: " + std::to_string(c.chunk_elements) +
+          " differs from " + std::to_string(first->chunk_elements) + " in " + FileOf(*first) +
+          "; fix: give every gateway of every region the same chunk size (or leave it unset "
+          "everywhere), since every gateway cuts the tensor itself");
     }
   }
   return Status::Ok();

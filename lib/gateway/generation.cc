@@ -7,6 +7,7 @@
 
 #include "common/endian.h"
 #include "common/strings.h"
+#include "gateway/numbering.h"
 
 namespace strait::gateway {
 namespace {
@@ -21,6 +22,25 @@ std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, 
       kind, job, a, b, c,
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
                                std::min(text.size(), kMaxIdentityBytes)));
+}
+
+// Two regions announced different identities for one step. When they differ only in what the
+// gateways add (numbering.h), the ranks issued the same step and the gateways are configured or
+// built differently: say that, not "issue the same all-reduces".
+Status Disagreement(const std::string& step, const std::string& own_region,
+                    const std::string& mine, const std::string& peer_region,
+                    const std::string& theirs) {
+  const auto ranks_part = [](const std::string& identity) {
+    return identity.substr(0, identity.find(kGatewayIdentityMarker));
+  };
+  const std::string fix =
+      ranks_part(mine) == ranks_part(theirs)
+          ? "the ranks issued the same step, but the regions' gateways cut it differently: run "
+            "the same straitd version with the same allreduce.chunk_elements in every region"
+          : "every rank of every region must issue the same all-reduces in the same order";
+  return FailedPreconditionError("regions disagree on " + step + ": this region (" + own_region +
+                                 ") has " + mine + ", region " + peer_region + " has " + theirs +
+                                 "; " + fix);
 }
 
 }  // namespace
@@ -244,11 +264,13 @@ Status Generations::BeginOp(const std::string& job, uint64_t generation, uint64_
   if (auto a = j.announced.find({generation, sequence}); a != j.announced.end()) {
     for (const auto& [peer, theirs] : a->second) {
       if (theirs != identity) {
-        return FailedPreconditionError(
-            "regions disagree on " + Describe(job, generation, sequence, "") + ": this region (" +
-            names_[static_cast<size_t>(rank_)] + ") has " + identity + ", region " +
-            names_[static_cast<size_t>(peer)] + " has " + theirs +
-            "; every rank of every region must issue the same all-reduces in the same order");
+        // Refused, but still announced: a peer already running the step under its own identity
+        // (so another op id, which this region's abort never reaches) learns of the mismatch
+        // from the announcement and ends its step now instead of at its deadline.
+        *announce = Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, 0, identity);
+        return Disagreement(Describe(job, generation, sequence, ""),
+                            names_[static_cast<size_t>(rank_)], identity,
+                            names_[static_cast<size_t>(peer)], theirs);
       }
     }
     j.announced.erase(a);
@@ -312,11 +334,8 @@ StatusOr<Generations::Effects> Generations::OnMessage(int peer, std::span<const 
                              m.size() - kHeaderBytes - job_len);
     for (auto& [op_id, op] : ops_) {
       if (op.job == job && op.generation == a && op.sequence == b && op.identity != theirs) {
-        Status why = FailedPreconditionError(
-            "regions disagree on " + Describe(job, a, b, "") + ": this region (" +
-            names_[static_cast<size_t>(rank_)] + ") has " + op.identity + ", region " +
-            names_[static_cast<size_t>(peer)] + " has " + theirs +
-            "; every rank of every region must issue the same all-reduces in the same order");
+        Status why = Disagreement(Describe(job, a, b, ""), names_[static_cast<size_t>(rank_)],
+                                  op.identity, names_[static_cast<size_t>(peer)], theirs);
         if (op.mismatch.ok()) op.mismatch = why;
         effects.aborts.emplace_back(op_id, std::move(why));
         return effects;

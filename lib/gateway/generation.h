@@ -126,7 +126,9 @@ class Generations {
   // that must match) starts here under `op_id`. Refuses (nothing registered) a generation this
   // gateway never agreed (kFailedPrecondition) or one a newer generation replaced (kAborted), and
   // an identity a peer announced differently (kFailedPrecondition naming both). On success
-  // `*announce` is the kAnnounce message for every peer; call EndOp(op_id) when it ends.
+  // `*announce` is the kAnnounce message for every peer; call EndOp(op_id) when it ends. On a
+  // disagreement `*announce` is set too (nothing registered): send it, so that the peers running
+  // the step under their identity abort it at once (see OnMessage).
   Status BeginOp(const std::string& job, uint64_t generation, uint64_t sequence,
                  const std::string& identity, uint64_t op_id, std::vector<uint8_t>* announce);
   // Unregisters the operation; returns the mismatch a peer's announcement revealed while it ran

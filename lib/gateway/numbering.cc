@@ -47,6 +47,10 @@ std::string IdentityText(const localproto::Message& request, const FrameInfo* fr
   return t;
 }
 
+std::string GatewayIdentityText(size_t chunk_elements) {
+  return kGatewayIdentityMarker + std::to_string(chunk_elements);
+}
+
 // The two region derivations below hash a "key" that no tensor key of a plain all-reduce can
 // equal: the identity text of a plain one starts with its message type's name, and these start
 // with (or contain) the unit separator \x1f. Their exact bytes are part of the wire.

@@ -9,6 +9,7 @@
 #ifndef STRAIT_LIB_GATEWAY_NUMBERING_H_
 #define STRAIT_LIB_GATEWAY_NUMBERING_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,6 +29,13 @@ uint64_t IdentityWord(uint64_t generation, uint64_t sequence);
 // cross-region op id and named in mismatch errors. `frame` is null unless the request is a
 // kAllReduceFrame; a nonzero scope is appended ("scope=N").
 std::string IdentityText(const localproto::Message& request, const FrameInfo* frame);
+
+// What this gateway adds to IdentityText because it cuts the operation by its own config:
+// " chunk=N" (allreduce.chunk_elements). Weigh appends " weights=..." after it. Regions whose
+// identities differ only from kGatewayIdentityMarker on run different configs or straitd
+// versions (an older one adds no marker), not different steps: Generations says so.
+inline constexpr const char* kGatewayIdentityMarker = " chunk=";
+std::string GatewayIdentityText(size_t chunk_elements);
 
 // The op id pairing the gateways of one region for the region phase of a kRegionAllReduce:
 // (job, scope, generation/sequence word, tensor key) alone, so that node heads that disagree on

@@ -114,6 +114,25 @@ TEST(ConfigSet, ShardWeightsMustBeTheSameEverywhere) {
       << s;
 }
 
+TEST(ConfigSet, ChunkSizeMustBeTheSameEverywhere) {
+  const std::string c1 = "[allreduce]\nchunk_elements = 65536\n";
+  const GatewayConfig a =
+      Config("a.toml", "a", "shard_index = 0", "[peers.b]\nshard_0 = \"10.2.0.1:7400\"\n");
+  const GatewayConfig b =
+      Config("b.toml", "b", "shard_index = 0", "[peers.a]\nshard_0 = \"10.1.0.1:7400\"\n", "", c1);
+  EXPECT_EQ(b.chunk_elements, 65536u);
+  EXPECT_NE(b.Summary().find("chunks of 65536 elements"), std::string::npos) << b.Summary();
+  const Status s = CheckConfigSet({a, b});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("b.toml: allreduce.chunk_elements: 65536 differs from 131072 in "
+                             "a.toml"),
+            std::string::npos)
+      << s;
+  GatewayConfig b2 = b;
+  b2.chunk_elements = a.chunk_elements;
+  EXPECT_TRUE(CheckConfigSet({a, b2}).ok());
+}
+
 // `shards` in one config: each bad form is one error with the key and what is allowed.
 TEST(ConfigSet, BadShardSetsAreRefusedWithTheKey) {
   struct Bad {

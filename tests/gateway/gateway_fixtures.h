@@ -65,6 +65,7 @@ class GatewayPair : public GatewayServer {
     eu.local_socket = dir_ + "/eu.sock";
     eu.peers.clear();
     eu.peers["us"][0] = {"127.0.0.1", gateway_->wan_port()};
+    if (eu_chunk_elements_ != 0) eu.chunk_elements = eu_chunk_elements_;
     eu_config_ = eu;
     auto g = Gateway::Start(eu);
     ASSERT_TRUE(g.ok()) << g.status();
@@ -82,6 +83,7 @@ class GatewayPair : public GatewayServer {
     GatewayServer::TearDown();
   }
   GatewayConfig eu_config_;
+  size_t eu_chunk_elements_ = 0;  // nonzero: "eu" runs with this allreduce.chunk_elements
   // Both clients all-reduce `count` floats (client c holds c + 1 + i % 5 at i, so the sum is
   // 3 + 2 * (i % 5)); returns how many elements came back wrong on either side.
   size_t AllReduceBoth(const std::string& key, size_t count) {

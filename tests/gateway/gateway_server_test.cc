@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collective/net_transport.h"
+#include "common/clock.h"
 #include "net/link.h"
 #include "localproto/client.h"
 #include "gateway_fixtures.h"
@@ -319,6 +320,42 @@ TEST_F(GatewayPair, ErrorsBetweenRequestsLeaveTheConnectionWorking) {
   EXPECT_EQ(AllReduceBoth("after2", 33), 0u);
   const std::string stats = gateway_->StatsText();
   EXPECT_NE(stats.find("allreduce_ok 3\n"), std::string::npos) << stats;
+}
+
+// Regions whose gateways cut chunks differently (another allreduce.chunk_elements, or a straitd
+// of another default) would pair chunks that do not line up: every step fails instead, on both
+// sides, with an error naming the chunk sizes and what to change, long before the deadline.
+TEST_F(GatewayPair, GatewaysThatCutChunksDifferentlyFailEveryStepSayingSo) {
+  eu_chunk_elements_ = config_.chunk_elements / 2;
+  StartBoth();
+  for (size_t count : {size_t{1} << 20, size_t{1000}}) {
+    std::vector<float> data[2];
+    Status status[2];
+    std::vector<std::thread> threads;
+    const int64_t start = MonotonicNanos();
+    for (int c = 0; c < 2; ++c) {
+      data[c].assign(count, 1.0f);
+      threads.emplace_back([&, c] {
+        status[c] = clients_[static_cast<size_t>(c)]->AllReduce(
+            "job", "w" + std::to_string(count), DataType::kFloat32, ReduceOp::kSum,
+            data[c].data(), count, Deadline::AfterSeconds(20));
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_LT(MonotonicNanos() - start, int64_t{10'000'000'000}) << count;
+    for (int c = 0; c < 2; ++c) {
+      const Status& s = status[c];
+      EXPECT_FALSE(s.ok()) << count;
+      EXPECT_NE(s.message().find("chunk=" + std::to_string(config_.chunk_elements)),
+                std::string::npos)
+          << s;
+      EXPECT_NE(s.message().find("chunk=" + std::to_string(eu_chunk_elements_)),
+                std::string::npos)
+          << s;
+      EXPECT_NE(s.message().find("allreduce.chunk_elements"), std::string::npos) << s;
+      EXPECT_EQ(data[c][count - 1], 1.0f) << "a failed step leaves the tensor as it was";
+    }
+  }
 }
 
 // Result recovery (kFetchResult): a rank whose gateway was killed after the step committed, and

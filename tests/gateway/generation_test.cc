@@ -197,6 +197,55 @@ TEST_F(GenerationsTest, RegionsThatDisagreeOnAStepGetBothIdentitiesNamed) {
       << mismatch;
 }
 
+// Identities that differ only in what the gateways add (" chunk=...", numbering.h) come from
+// gateways configured or built differently, not from ranks out of step: the error says which.
+TEST_F(GenerationsTest, AChunkSizeMismatchIsNamedAsTheGatewaysNotTheRanks) {
+  ASSERT_EQ(JoinAll("job"), (std::vector<uint64_t>{1, 1, 1}));
+  const std::string step = "all-reduce key=w count=10";
+  std::vector<uint8_t> a0, a1, a2;
+  ASSERT_TRUE(g_[0]->BeginOp("job", 1, 7, step + " chunk=131072", 1, &a0).ok());
+  ASSERT_TRUE(g_[1]->OnMessage(0, a0).ok());
+  // Announced first by r0, found by r1 when it begins the step.
+  Status s = g_[1]->BeginOp("job", 1, 7, step + " chunk=65536", 2, &a1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("has " + step + " chunk=65536, region r0 has " + step +
+                             " chunk=131072"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("gateways cut it differently"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("allreduce.chunk_elements"), std::string::npos) << s;
+  // An older straitd adds no marker at all: the same hint, found by the running side this time.
+  auto e = g_[0]->OnMessage(
+      2, EncodeGenerationMessage(GenerationMessageKind::kAnnounce, "job", 1, 7, 0,
+                                 std::span<const uint8_t>(
+                                     reinterpret_cast<const uint8_t*>(step.data()), step.size())));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->aborts.size(), 1u);
+  EXPECT_NE(e->aborts[0].second.message().find("gateways cut it differently"), std::string::npos)
+      << e->aborts[0].second;
+  // r1 refused the step but still announced its identity: r0, running the step under another
+  // op id that r1's abort never reaches, ends it on hearing that (not at its deadline).
+  ASSERT_FALSE(a1.empty());
+  auto e1 = g_[0]->OnMessage(1, a1);
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  ASSERT_EQ(e1->aborts.size(), 1u);
+  EXPECT_EQ(e1->aborts[0].first, 1u);
+  EXPECT_NE(e1->aborts[0].second.message().find("region r1 has " + step + " chunk=65536"),
+            std::string::npos)
+      << e1->aborts[0].second;
+  // Different steps keep the ranks' hint.
+  std::vector<uint8_t> a3;
+  Status other = g_[2]->BeginOp("job", 1, 8, "all-reduce key=b count=3 chunk=131072", 3, &a3);
+  ASSERT_TRUE(other.ok()) << other;
+  ASSERT_TRUE(g_[0]->BeginOp("job", 1, 8, step + " chunk=131072", 4, &a2).ok());
+  auto e2 = g_[0]->OnMessage(2, a3);
+  ASSERT_TRUE(e2.ok());
+  ASSERT_EQ(e2->aborts.size(), 1u);
+  EXPECT_NE(e2->aborts[0].second.message().find("must issue the same all-reduces"),
+            std::string::npos)
+      << e2->aborts[0].second;
+}
+
 // The stats' numbered_ops_in_flight: an operation counts from BeginOp to EndOp under its op id;
 // a refused one never counts, and ending an unknown op id changes nothing.
 TEST_F(GenerationsTest, OpsInFlightCountsFromBeginToEnd) {
