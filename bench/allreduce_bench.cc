@@ -354,6 +354,12 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "rate (straitd's peers.<region>.max_rate: rate / straitds per region); false "
                  "leaves the streams to TCP alone")
       ->capture_default_str();
+  cmd.add_option("--chunk-elements", f->chunk_elements,
+                 "Elements per pipelined chunk (straitd's allreduce.chunk_elements; 0: its "
+                 "default)")
+      ->check(CLI::IsMember({int64_t{0}}) | CLI::Range(gateway::kMinChunkElements,
+                                                        gateway::kMaxChunkElements))
+      ->capture_default_str();
   cmd.add_option("--straitd", f->straitd,
                  "straitd binary (default: next to strait-bench, the build tree, then PATH)")
       ->type_name("PATH");

@@ -244,6 +244,7 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
       t += "[policy]\nmin_lossy_bytes = \"4KiB\"\nmax_relative_error = 1.0\n";
       const long secs = std::lround(f.timeout_s);
       t += "[allreduce]\ndeadline = \"" + std::to_string(secs) + "s\"\nshutdown_grace = \"2s\"\n";
+      if (f.chunk_elements != 0) t += "chunk_elements = " + std::to_string(f.chunk_elements) + "\n";
       if (!weights.empty()) {
         t += "shard_weights = {";
         for (int p = 0; p < n; ++p) {

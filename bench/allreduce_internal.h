@@ -75,6 +75,8 @@ struct Flags {
   // Emulating: each gateway paces its link to a peer region at its share of that directed
   // pair's rate (straitd's peers.<region>.max_rate = rate / gateways per region).
   bool pace = true;
+  // straitd's allreduce.chunk_elements; 0: its default (collective::kDefaultChunkElements).
+  int64_t chunk_elements = 0;
   std::string straitd;
   double timeout_s = 600;
   // nccl-tests' size sweep: -b/--minbytes, -e/--maxbytes (0: not given), -f/--stepfactor.

@@ -163,7 +163,10 @@ std::string FormatTable(const Report& rep) {
     << (rep.setup.emulated
             ? (f.pace ? ", paced at each pair's rate / gateways per region" : ", unpaced")
             : "")
-    << "; the ring baseline is plain TCP between the ranks\n";
+    << ", chunks of "
+    << (f.chunk_elements != 0 ? f.chunk_elements
+                              : static_cast<int64_t>(collective::kDefaultChunkElements))
+    << " elements; the ring baseline is plain TCP between the ranks\n";
   if (f.dial_only >= 0) {
     o << "# r" << f.dial_only << " is behind NAT (--dial-only): no connection into it "
       << (rep.setup.emulated ? "completes (strait-wanem syn=drop)" : "is made")
@@ -482,6 +485,9 @@ std::string FormatJson(const Report& rep) {
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
   j["paced"] = rep.setup.emulated && f.pace;
+  j["chunk_elements"] = f.chunk_elements != 0
+                            ? f.chunk_elements
+                            : static_cast<int64_t>(collective::kDefaultChunkElements);
   j["links_equal"] = rep.links_equal;
   j["link"] = rep.setup.emulated ? Json(rep.setup.table.at(0, 1).ToString()) : Json(nullptr);
   j["rtt_s"] = rep.setup.emulated ? Json(RttSeconds(rep.setup.table)) : Json(nullptr);
