@@ -251,7 +251,7 @@ Status AllReduceService::Weigh(const Message& request, uint64_t word, Operation*
   }
   if (weights->empty()) return Status::Ok();
   // Operations cut differently never meet, and the announcement names both splits.
-  op->identity += " weights=";
+  op->identity += kWeightsIdentityMarker;
   for (size_t i = 0; i < weights->size(); ++i) {
     op->identity += (i ? "/" : "") + std::to_string((*weights)[i]);
   }

@@ -30,11 +30,8 @@ std::vector<uint8_t> Encode(GenerationMessageKind kind, const std::string& job, 
 Status Disagreement(const std::string& step, const std::string& own_region,
                     const std::string& mine, const std::string& peer_region,
                     const std::string& theirs) {
-  const auto ranks_part = [](const std::string& identity) {
-    return identity.substr(0, identity.find(kGatewayIdentityMarker));
-  };
   const std::string fix =
-      ranks_part(mine) == ranks_part(theirs)
+      RanksIdentityPart(mine) == RanksIdentityPart(theirs)
           ? "the ranks issued the same step, but the regions' gateways cut it differently: run "
             "the same straitd version with the same allreduce.chunk_elements in every region"
           : "every rank of every region must issue the same all-reduces in the same order";
@@ -84,7 +81,7 @@ std::pair<uint64_t, int> Generations::NewestLocked(const Job& j) const {
 std::string Generations::Describe(const std::string& job, uint64_t generation, uint64_t sequence,
                                   const std::string& identity) const {
   return "job \"" + job + "\" generation " + std::to_string(generation) + " step " +
-         std::to_string(sequence) + " (" + identity + ")";
+         std::to_string(sequence) + (identity.empty() ? "" : " (" + identity + ")");
 }
 
 void Generations::SupersededLocked(const std::string& job, uint64_t newer, int by,

@@ -2,6 +2,8 @@
 // the low bits.
 #include "gateway/numbering.h"
 
+#include <algorithm>
+
 #include "collective/channels.h"
 #include "common/hash.h"
 #include "gateway/gateway.h"
@@ -48,7 +50,12 @@ std::string IdentityText(const localproto::Message& request, const FrameInfo* fr
 }
 
 std::string GatewayIdentityText(size_t chunk_elements) {
-  return kGatewayIdentityMarker + std::to_string(chunk_elements);
+  return kChunkIdentityMarker + std::to_string(chunk_elements);
+}
+
+std::string RanksIdentityPart(const std::string& identity) {
+  return identity.substr(
+      0, std::min(identity.find(kChunkIdentityMarker), identity.find(kWeightsIdentityMarker)));
 }
 
 // The two region derivations below hash a "key" that no tensor key of a plain all-reduce can

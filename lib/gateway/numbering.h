@@ -31,11 +31,15 @@ uint64_t IdentityWord(uint64_t generation, uint64_t sequence);
 std::string IdentityText(const localproto::Message& request, const FrameInfo* frame);
 
 // What this gateway adds to IdentityText because it cuts the operation by its own config:
-// " chunk=N" (allreduce.chunk_elements). Weigh appends " weights=..." after it. Regions whose
-// identities differ only from kGatewayIdentityMarker on run different configs or straitd
-// versions (an older one adds no marker), not different steps: Generations says so.
-inline constexpr const char* kGatewayIdentityMarker = " chunk=";
+// " chunk=N" (allreduce.chunk_elements); the all-reduce service's Weigh appends " weights=..."
+// (measured shard weights) after it. Regions whose identities differ only from the first of
+// these markers on run different configs or straitd versions (an older one adds no chunk
+// marker), not different steps: Generations says so.
+inline constexpr const char* kChunkIdentityMarker = " chunk=";
+inline constexpr const char* kWeightsIdentityMarker = " weights=";
 std::string GatewayIdentityText(size_t chunk_elements);
+// `identity` without what the gateway added: the part every rank's request determines.
+std::string RanksIdentityPart(const std::string& identity);
 
 // The op id pairing the gateways of one region for the region phase of a kRegionAllReduce:
 // (job, scope, generation/sequence word, tensor key) alone, so that node heads that disagree on

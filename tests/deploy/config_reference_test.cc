@@ -209,7 +209,8 @@ std::string Fingerprint(const GatewayConfig& c) {
      << c.policy.default_error_feedback << " " << c.policy.min_lossy_bytes << " "
      << c.policy.max_relative_error << " codecs";
   for (CodecId id : c.policy.allowed_codecs) os << " " << static_cast<int>(id);
-  os << "|allreduce " << c.allreduce_deadline_ns << " " << c.shutdown_grace_ns << " weights";
+  os << "|allreduce " << c.allreduce_deadline_ns << " " << c.shutdown_grace_ns << " chunk "
+     << c.chunk_elements << " weights";
   for (const auto& [region, w] : c.shard_weights) os << " " << region << "=" << w;
   os << "|metrics " << (c.metrics_listen ? c.metrics_listen->ToString() : "off");
   return os.str();
@@ -244,7 +245,8 @@ const std::set<std::string>& FingerprintedKeys() {
                                              "metrics.listen",
                                              "allreduce.deadline",
                                              "allreduce.shutdown_grace",
-                                             "allreduce.shard_weights.<region>"};
+                                             "allreduce.shard_weights.<region>",
+                                             "allreduce.chunk_elements"};
   return keys;
 }
 

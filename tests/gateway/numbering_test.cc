@@ -78,5 +78,22 @@ TEST(Numbering, GenerationKeyAndIdentityTextNameTheScope) {
   EXPECT_NE(IdentityText(m, &frame).find(" frame=int8/256"), std::string::npos);
 }
 
+// The gateway's own part of an identity (its chunk size, then measured weights) comes after what
+// the ranks' request determines, and RanksIdentityPart takes it off again -- also from an older
+// straitd's identity, which has weights but no chunk size.
+TEST(Numbering, TheGatewaysPartOfAnIdentityComesLastAndIsSeparable) {
+  Message m;
+  m.type = MessageType::kAllReduce;
+  m.tensor_key = "w";
+  m.count = 10;
+  const std::string ranks = IdentityText(m, nullptr);
+  const std::string mine = ranks + GatewayIdentityText(131072);
+  EXPECT_EQ(mine, ranks + " chunk=131072");
+  EXPECT_EQ(RanksIdentityPart(mine), ranks);
+  EXPECT_EQ(RanksIdentityPart(mine + " weights=2/1/1"), ranks);
+  EXPECT_EQ(RanksIdentityPart(ranks + " weights=2/1/1"), ranks);
+  EXPECT_EQ(RanksIdentityPart(ranks), ranks);
+}
+
 }  // namespace
 }  // namespace strait::gateway

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <string>
@@ -240,9 +241,16 @@ class StraitdFlood : public ::testing::Test {
     auto foreign = pki_->MakeGateway("foreign-ca", "us", "foreign-us");
     ASSERT_TRUE(foreign.ok()) << foreign.status();
     foreign_ = *foreign;
+    eu_ = *files_eu;
+    WriteConfig();
+  }
+
+  // The config, on ports fresh from the kernel (again after a port turned out to be taken).
+  void WriteConfig() {
     const std::vector<uint16_t> ports = FreePorts(3);
     wan_port_ = ports[0];
     metrics_port_ = ports[2];
+    const net::testing::CertFiles* files_eu = &eu_;
     std::string c = "region = \"eu\"\nshard_index = 0\n";
     c += "[local]\nsocket = \"" + dir_ + "/eu.sock\"\nallowed_uids = [" +
          std::to_string(::getuid()) + "]\n";
@@ -274,10 +282,24 @@ class StraitdFlood : public ::testing::Test {
       const std::string n = std::to_string(max_fds);
       argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=" + n + ":" + n, "--"});
     }
-    const pid_t pid = SpawnProcess(argv, log);
-    ASSERT_GT(pid, 0);
-    pids_.push_back(pid);
-    ASSERT_TRUE(Eventually([&] { return Healthy(metrics_port_); }, 20));
+    // FreePorts releases its ports before straitd binds them: a test running in parallel may take
+    // one in between. Then straitd exits naming the address, and it starts again on new ports.
+    for (int attempt = 0;; ++attempt) {
+      const pid_t pid = SpawnProcess(argv, log);
+      ASSERT_GT(pid, 0);
+      pids_.push_back(pid);
+      bool ended = false;
+      const bool up = Eventually(
+          [&] { return Healthy(metrics_port_) || (ended = ProcessEnded(pid)); }, 20) && !ended;
+      if (up) break;
+      std::ifstream in(log.stderr_path);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      ASSERT_TRUE(ended && attempt < 2 && text.find("in use") != std::string::npos)
+          << "straitd did not serve /healthz within 20 s (" << (ended ? "it exited" : "running")
+          << "); its log:\n" << text;
+      pids_.pop_back();
+      WriteConfig();
+    }
     // Idle: the first dials to the absent peer and the probe's connection are over.
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
@@ -285,6 +307,7 @@ class StraitdFlood : public ::testing::Test {
   std::string dir_;
   std::optional<net::testing::TestPki> pki_;
   net::testing::CertFiles foreign_;
+  net::testing::CertFiles eu_;
   std::string config_;
   uint16_t wan_port_ = 0;
   uint16_t metrics_port_ = 0;
