@@ -264,7 +264,8 @@ Status Generations::BeginOp(const std::string& job, uint64_t generation, uint64_
         // Refused, but still announced: a peer already running the step under its own identity
         // (so another op id, which this region's abort never reaches) learns of the mismatch
         // from the announcement and ends its step now instead of at its deadline.
-        *announce = Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, 0, identity);
+        *announce =
+            Encode(GenerationMessageKind::kAnnounce, job, generation, sequence, 0, identity);
         return Disagreement(Describe(job, generation, sequence, ""),
                             names_[static_cast<size_t>(rank_)], identity,
                             names_[static_cast<size_t>(peer)], theirs);

@@ -293,7 +293,8 @@ class StraitdFlood : public ::testing::Test {
           [&] { return Healthy(metrics_port_) || (ended = ProcessEnded(pid)); }, 20) && !ended;
       if (up) break;
       std::ifstream in(log.stderr_path);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
       ASSERT_TRUE(ended && attempt < 2 && text.find("in use") != std::string::npos)
           << "straitd did not serve /healthz within 20 s (" << (ended ? "it exited" : "running")
           << "); its log:\n" << text;
