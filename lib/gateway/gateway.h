@@ -145,6 +145,9 @@ class Gateway {
 
  private:
   explicit Gateway(std::unique_ptr<Host> host);
+  // Start's work; what the system refuses (descriptors, threads) comes out as std::system_error
+  // from Asio and std::thread, which Start turns into a Status.
+  static StatusOr<std::unique_ptr<Gateway>> StartOrThrow(const GatewayConfig& config);
   std::unique_ptr<Host> host_;
 };
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -259,6 +260,28 @@ Status Gateway::Host::ServeSocket() {
 }
 
 StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
+  StatusOr<std::unique_ptr<Gateway>> started = ResourceExhaustedError("not started");
+  try {
+    started = StartOrThrow(config);
+  } catch (const std::system_error& e) {
+    // An event loop (epoll, eventfd, timerfd) or a thread the kernel would not give.
+    started = ResourceExhaustedError(
+        std::string("cannot start: the system refused ") + e.what() +
+        (e.code().value() == EMFILE ? "" : "; check the process's limits (ulimit -a)"));
+  }
+  // Every socket, event loop and file needs a descriptor: whichever ran out first, the fix is
+  // the same and the error should say it.
+  if (!started.ok() &&
+      started.status().message().find(std::strerror(EMFILE)) != std::string::npos) {
+    return Status(started.status().code(),
+                  std::string(started.status().message()) +
+                      "; raise straitd's open-file limit (ulimit -n, systemd LimitNOFILE=, the "
+                      "container's nofile ulimit) to at least 1024");
+  }
+  return started;
+}
+
+StatusOr<std::unique_ptr<Gateway>> Gateway::StartOrThrow(const GatewayConfig& config) {
   auto host = std::make_unique<Host>();
   Host* h = host.get();
   h->config = config;
