@@ -66,9 +66,15 @@ size_t PendingStreamLimit(const EndpointOptions& o) {
 // grows, to the most descriptors ever open at once. Grown during a flood, a few hundred of these
 // land between the flood's short-lived allocations, and once the flood is freed each keeps a page
 // of the heap resident: 1-2 MB that never came back (issue #17's RSS goal). Grown here, at
-// start, they sit side by side and later floods reuse them. Stops early where descriptors run
-// out: a later flood grows the pool as before.
+// start, they sit side by side and later floods reuse them. At most a quarter of the descriptor
+// limit is held for it, for a moment: the process's other threads are still starting (event
+// loops, listeners) and must not find the table full -- at a limit of 64 or 128 they did, and
+// straitd failed to start ("epoll: Too many open files"). Below that, a flood grows the pool.
 void ReserveDescriptorStates(asio::io_context& io, size_t count) {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    count = std::min<size_t>(count, files.rlim_cur / 4);
+  }
   std::vector<tcp::socket> sockets;
   sockets.reserve(count);
   for (size_t i = 0; i < count; ++i) {

@@ -365,13 +365,11 @@ TEST_F(StraitdFlood, RssAndDescriptorsComeBackAfterEachFloodOfHandshakes) {
   EXPECT_FALSE(ProcessEnded(pid));
 }
 
-// A flood far past straitd's descriptor limit (64; 128 under the sanitizers, whose runtime needs
-// descriptors of its own -- at 64 it misreported "invalid vptr" at start-up when tests ran in
-// parallel): 600 held connections and 200 handshakes.
+// A flood far past straitd's descriptor limit (64): 600 held connections and 200 handshakes.
 // /healthz keeps answering within 100 ms (the WAN port keeps at most half the limit for
 // connections still setting up), and the descriptors come back afterwards.
 TEST_F(StraitdFlood, HealthzAnswersWhileAFloodPassesTheDescriptorLimit) {
-  const int limit = kSanitizer ? 128 : 64;
+  const int limit = 64;
   Start(limit);
   const pid_t pid = pids_[0];
   const long idle_fds = OpenFds(pid);
