@@ -22,6 +22,7 @@
 
 #include "collective/channels.h"
 #include "common/log.h"
+#include "common/system_error.h"
 #include "gateway/config_check.h"
 #include "gateway/gateway_impl.h"
 
@@ -47,8 +48,10 @@ StatusOr<int> LockShard(const GatewayConfig& config, int shard, bool keep) {
     // The socket's directory is checked (and created by systemd/Kubernetes) where the socket is
     // bound; without write access there the lock cannot guard anything, and the start fails on
     // the socket anyway.
-    return UnavailableError("cannot open the shard lock " + path + ": " + std::strerror(err) +
-                            "; fix: make local.socket's directory writable for straitd");
+    const Status failed = ErrnoStatus("cannot open the shard lock " + path, err);
+    if (IsDescriptorLimit(err)) return failed;
+    return Status(failed.code(), std::string(failed.message()) +
+                                     "; fix: make local.socket's directory writable for straitd");
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -260,25 +263,16 @@ Status Gateway::Host::ServeSocket() {
 }
 
 StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
-  StatusOr<std::unique_ptr<Gateway>> started = ResourceExhaustedError("not started");
   try {
-    started = StartOrThrow(config);
+    return StartOrThrow(config);
   } catch (const std::system_error& e) {
-    // An event loop (epoll, eventfd, timerfd) or a thread the kernel would not give.
-    started = ResourceExhaustedError(
-        std::string("cannot start: the system refused ") + e.what() +
-        (e.code().value() == EMFILE ? "" : "; check the process's limits (ulimit -a)"));
+    // Asio's event loops (epoll, eventfd, timerfd) and std::thread throw what the kernel refused.
+    const Status refused =
+        SystemErrorStatus("cannot start", e, StatusCode::kResourceExhausted);
+    if (IsDescriptorLimit(e.code())) return refused;
+    return Status(refused.code(), std::string(refused.message()) +
+                                      "; check the process's limits (ulimit -a)");
   }
-  // Every socket, event loop and file needs a descriptor: whichever ran out first, the fix is
-  // the same and the error should say it.
-  if (!started.ok() &&
-      started.status().message().find(std::strerror(EMFILE)) != std::string::npos) {
-    return Status(started.status().code(),
-                  std::string(started.status().message()) +
-                      "; raise straitd's open-file limit (ulimit -n, systemd LimitNOFILE=, the "
-                      "container's nofile ulimit) to at least 1024");
-  }
-  return started;
 }
 
 StatusOr<std::unique_ptr<Gateway>> Gateway::StartOrThrow(const GatewayConfig& config) {

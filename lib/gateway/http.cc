@@ -13,6 +13,7 @@
 #include <asio.hpp>
 
 #include "common/log.h"
+#include "common/system_error.h"
 #include "net/accept_pause.h"
 
 namespace strait::gateway {
@@ -211,8 +212,10 @@ Status HttpServer::Core::Bind(const std::string& address, uint16_t port, uint16_
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (!ec) *bound = acceptor_.local_endpoint(ec).port();
   if (ec) {
-    return UnavailableError("cannot listen for HTTP on " + where + ": " + ec.message() +
-                            " (is the port taken? change metrics.listen)");
+    const Status failed = ErrorCodeStatus("cannot listen for HTTP on " + where, ec);
+    if (IsDescriptorLimit(ec)) return failed;
+    return Status(failed.code(),
+                  std::string(failed.message()) + " (is the port taken? change metrics.listen)");
   }
   return Status::Ok();
 }

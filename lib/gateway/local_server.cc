@@ -25,6 +25,7 @@
 
 #include "common/endian.h"
 #include "common/log.h"
+#include "common/system_error.h"
 #include "localproto/shm.h"
 #include "net/accept_pause.h"
 
@@ -495,7 +496,7 @@ Status LocalServer::Core::Bind() {
   asio::error_code ec;
   const asio::local::stream_protocol::endpoint endpoint(path);
   acceptor_.open(endpoint.protocol(), ec);
-  if (ec) return UnavailableError("socket(): " + ec.message());
+  if (ec) return ErrorCodeStatus("socket() for local.socket " + path, ec);
   ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
   acceptor_.bind(endpoint, ec);
   if (ec) return UnavailableError("cannot bind local.socket " + path + ": " + ec.message());

@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/heap.h"
 #include "common/log.h"
+#include "common/system_error.h"
 #include "common/units.h"
 #include "net/endpoint_core.h"
 #include "net/link.h"
@@ -354,7 +355,7 @@ StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
   if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor->bind(at, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return UnavailableError("cannot listen on " + where + ": " + ec.message());
+  if (ec) return ErrorCodeStatus("cannot listen on " + where, ec);
   const uint16_t bound = acceptor->local_endpoint(ec).port();
   if (ec) return InternalError("cannot read the bound port: " + ec.message());
   auto shared = std::shared_ptr<tcp::acceptor>(std::move(acceptor));

@@ -6,23 +6,40 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <cerrno>
 #include <cstdio>
 
+#include "common/system_error.h"
 #include "net/link.h"
 #include "net/wire.h"
 
 namespace strait::net {
 namespace {
 
-std::string OpenSslErrors() {
+// Empties OpenSSL's error queue into one line. `sys_errno`: the errno of the first error that
+// came from a system call (ERR_LIB_SYS keeps it as the reason), or 0.
+std::string OpenSslErrors(int* sys_errno = nullptr) {
   std::string out;
+  if (sys_errno != nullptr) *sys_errno = 0;
   while (unsigned long e = ERR_get_error()) {
+    if (sys_errno != nullptr && *sys_errno == 0 && ERR_GET_LIB(e) == ERR_LIB_SYS) {
+      *sys_errno = ERR_GET_REASON(e);
+    }
     char buf[256];
     ERR_error_string_n(e, buf, sizeof(buf));
     if (!out.empty()) out += "; ";
     out += buf;
   }
   return out.empty() ? "unknown OpenSSL error" : out;
+}
+
+// A file that could not be loaded: the caller's error, unless the process ran out of
+// descriptors (the file is fine then, and the fix is the limit).
+Status CannotLoad(const std::string& what) {
+  int err = 0;
+  std::string errors = OpenSslErrors(&err);
+  if (IsDescriptorLimit(err)) return ErrnoStatus(what, err);
+  return InvalidArgumentError(what + ": " + errors);
 }
 
 void Blame(EndpointSetting* setting, EndpointSetting which) {
@@ -43,13 +60,11 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
   }
   if (SSL_CTX_load_verify_locations(native, ca_file.c_str(), nullptr) != 1) {
     Blame(setting, EndpointSetting::kCaFile);
-    return InvalidArgumentError("cannot load the cluster CA from '" + ca_file +
-                                "': " + OpenSslErrors());
+    return CannotLoad("cannot load the cluster CA from '" + ca_file + "'");
   }
   if (SSL_CTX_use_certificate_chain_file(native, cert_file.c_str()) != 1) {
     Blame(setting, EndpointSetting::kCertFile);
-    return InvalidArgumentError("cannot load the certificate chain '" + cert_file +
-                                "': " + OpenSslErrors());
+    return CannotLoad("cannot load the certificate chain '" + cert_file + "'");
   }
   if (SSL_CTX_use_PrivateKey_file(native, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
     // OpenSSL 3 checks the pair while loading the key: a readable key of another certificate
@@ -61,8 +76,7 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
                                   cert_file + "': " + OpenSslErrors());
     }
     Blame(setting, EndpointSetting::kKeyFile);
-    return InvalidArgumentError("cannot load the private key '" + key_file +
-                                "': " + OpenSslErrors());
+    return CannotLoad("cannot load the private key '" + key_file + "'");
   }
   if (SSL_CTX_check_private_key(native) != 1) {
     Blame(setting, EndpointSetting::kKeyMismatch);
@@ -109,7 +123,11 @@ StatusOr<std::string> PeerRegion(SSL* ssl) {
 
 StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file) {
   FILE* f = std::fopen(cert_file.c_str(), "r");
-  if (f == nullptr) return InvalidArgumentError("cannot open certificate '" + cert_file + "'");
+  if (f == nullptr) {
+    const int err = errno;
+    return ErrnoStatus("cannot open certificate '" + cert_file + "'", err,
+                       StatusCode::kInvalidArgument);
+  }
   X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
   std::fclose(f);
   if (cert == nullptr) return InvalidArgumentError("'" + cert_file + "' holds no PEM certificate");

@@ -414,7 +414,7 @@ TEST_F(StraitdFlood, TooFewDescriptorsToStartIsOneClearErrorNotACrash) {
     EXPECT_EQ(run.code, 1) << n << " descriptors:\n" << run.err;
     EXPECT_EQ(run.err.find("terminate called"), std::string::npos) << run.err;
     EXPECT_NE(run.err.find("Too many open files"), std::string::npos) << n << ":\n" << run.err;
-    EXPECT_NE(run.err.find("raise straitd's open-file limit"), std::string::npos)
+    EXPECT_NE(run.err.find("raise the process's open-file limit"), std::string::npos)
         << n << ":\n" << run.err;
   }
   EXPECT_GE(refused, kSanitizer ? 0 : 5);
