@@ -1,5 +1,6 @@
 // What the loopback link tests share (link_test.cc: traffic, pools, pacing and closing;
-// link_peers_test.cc: bad peers, bad configuration, unreachable peers): throwaway certificates
+// link_peers_test.cc: bad peers, bad configuration, unreachable peers; link_wan_test.cc and
+// tls_reload_test.cc take the certificates and waits): throwaway certificates
 // for "us", "eu", "ap" and a rogue "eu" of another CA, endpoint options with short timers, a
 // listening Server that collects what it receives, and bounded waits. Every wait has a deadline.
 #ifndef STRAIT_TESTS_NET_LINK_FIXTURES_H_

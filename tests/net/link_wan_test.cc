@@ -33,32 +33,16 @@
 #include "net/adapt.h"
 #include "net/link.h"
 #include "net/socket_options.h"
-#include "tests/net/test_certs.h"
+#include "tests/net/link_fixtures.h"
 
 namespace strait::net {
 namespace {
-
-using testing::CertFiles;
-using testing::TestPki;
 
 #define SKIP_UNLESS_PRIVILEGED()                                                        \
   do {                                                                                  \
     Status priv = wanem::CheckPrivileges();                                             \
     if (!priv.ok()) GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();    \
   } while (false)
-
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(v.data() + i, &x, 8);
-  }
-  for (size_t i = n & ~size_t{7}; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
-  return v;
-}
 
 // What the receiver saw, per channel, in arrival order: length and crc32c of each message.
 struct Digest {
@@ -150,37 +134,19 @@ Status InNamespace(const std::string& ns, F&& fn) {
   return guard->Leave();
 }
 
-class NetLinkWan : public ::testing::Test {
+class NetLinkWan : public NetLink {
  protected:
-  static void SetUpTestSuite() {
-    auto pki = TestPki::Create();
-    ASSERT_TRUE(pki.ok()) << pki.status();
-    pki_.emplace(std::move(pki).value());
-    ASSERT_TRUE(pki_->MakeCa("cluster-ca").ok());
-    ASSERT_TRUE(pki_->MakeCa("other-ca").ok());
-    auto make = [](const char* ca, const char* region, const char* stem) {
-      auto files = pki_->MakeGateway(ca, region, stem);
-      EXPECT_TRUE(files.ok()) << files.status();
-      return files.ok() ? *files : CertFiles{};
-    };
-    us_ = make("cluster-ca", "us", "us");
-    eu_ = make("cluster-ca", "eu", "eu");
-    rogue_eu_ = make("other-ca", "eu", "rogue-eu");
-  }
-  static void TearDownTestSuite() { pki_.reset(); }
-
+  // NetLink's options with a WAN's timers and a fixed stream count and chunk size (the
+  // adaptation tests turn adaptation on themselves).
   static EndpointOptions Options(const std::string& region, const CertFiles& files,
                                  std::vector<std::string> peers) {
-    EndpointOptions o;
-    o.region = region;
-    o.ca_file = files.ca;
-    o.cert_file = files.cert;
-    o.key_file = files.key;
-    o.peer_regions = std::move(peers);
-    o.link.streams = 4;
+    EndpointOptions o = NetLink::Options(region, files, std::move(peers));
+    const LinkOptions defaults;
     o.link.adapt_streams = false;
     o.link.adapt_chunk = false;
     o.link.chunk_bytes = 256 * 1024;
+    o.link.handshake_timeout_ns = defaults.handshake_timeout_ns;
+    o.link.ping_interval_ns = defaults.ping_interval_ns;
     o.link.redial_initial_ns = 20'000'000;
     o.link.redial_max_ns = 200'000'000;
     o.link.unreachable_after_ns = 10'000'000'000;
@@ -252,9 +218,6 @@ class NetLinkWan : public ::testing::Test {
       EXPECT_TRUE(emu_->Stop().ok());
     }
   }
-
-  static inline std::optional<TestPki> pki_;
-  static inline CertFiles us_, eu_, rogue_eu_;
 
   std::unique_ptr<wanem::Emulator> emu_;
   std::unique_ptr<Endpoint> server_;

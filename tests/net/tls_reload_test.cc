@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "net/link.h"
-#include "tests/net/test_certs.h"
+#include "tests/net/link_fixtures.h"
 
 namespace strait::net {
 namespace {
@@ -22,16 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CertFiles;
 using testing::TestPki;
-
-template <typename Pred>
-bool Eventually(Pred pred, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
 
 // A listening endpoint that counts what its accepted links deliver.
 struct Peer {
