@@ -246,6 +246,9 @@ struct RunResult {
   std::string policy;
   int participants = 0;  // busbw's n
   double time_s = 0;     // mean over iterations of the slowest rank's time
+  // Each measured iteration's time (its slowest rank's), in order: the mean hides whether every
+  // iteration is a little slow or some are very slow (OSU's benchmarks print min and max too).
+  std::vector<double> iteration_s;
   double max_error = 0;
   uint64_t wrong = 0;
   bool identical = true;

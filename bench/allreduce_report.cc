@@ -93,6 +93,19 @@ Phases PhasesOf(const GatewayTimes& g) {
 // Small messages: at most this many bytes, their time is held to 2 x RTT.
 constexpr uint64_t kSmallMessageBytes = 64 * 1024;
 
+struct Spread {
+  double min = 0, median = 0, max = 0;
+};
+
+// Lowest, median (the mean of the middle two for an even count) and highest of `v`.
+Spread SpreadOf(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double median = n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return {v.front(), median, v.back()};
+}
+
 double AlgBw(const RunResult& r) {
   return static_cast<double>(r.size) / r.time_s / 1e9;
 }
@@ -236,6 +249,18 @@ std::string FormatTable(const Report& rep) {
         std::snprintf(line, sizeof(line), " per-pair floor %.1f ms, measured/floor %.2f;",
                       r.floor_s * 1e3, r.time_s / r.floor_s);
         o << line;
+      }
+      if (r.iteration_s.size() > 1) {
+        const Spread s = SpreadOf(r.iteration_s);
+        std::snprintf(line, sizeof(line), " iterations min/median/max %.1f/%.1f/%.1f ms",
+                      s.min * 1e3, s.median * 1e3, s.max * 1e3);
+        o << line;
+        if (rep.setup.emulated && r.floor_s > 0) {
+          std::snprintf(line, sizeof(line), " (%.2f/%.2f/%.2f x floor)", s.min / r.floor_s,
+                        s.median / r.floor_s, s.max / r.floor_s);
+          o << line;
+        }
+        o << ';';
       }
       if (rep.setup.emulated) {
         std::snprintf(line, sizeof(line),
@@ -390,6 +415,13 @@ Json RunJson(const Report& rep, const RunResult& r) {
   x["size_bytes"] = r.size;
   x["count"] = r.size / DataTypeSize(rep.flags.dtype);
   x["time_s"] = r.time_s;
+  x["iteration_s"] = r.iteration_s;
+  if (!r.iteration_s.empty()) {
+    const Spread s = SpreadOf(r.iteration_s);
+    x["time_min_s"] = s.min;
+    x["time_median_s"] = s.median;
+    x["time_max_s"] = s.max;
+  }
   x["algbw_gbs"] = AlgBw(r);
   x["busbw_gbs"] = BusBw(r);
   x["max_error"] = r.max_error;

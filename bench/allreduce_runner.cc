@@ -273,6 +273,7 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
   double sum = 0;
   for (int64_t t : slowest) sum += static_cast<double>(t);
   res.time_s = sum / std::max(1, f.iters) / 1e9;
+  for (int64_t t : slowest) res.iteration_s.push_back(static_cast<double>(t) / 1e9);
   res.wan_bytes_per_iter = wan_bytes / static_cast<uint64_t>(std::max(1, f.iters));
   for (uint64_t b : region_bytes) {
     res.region_wan_bytes_per_iter.push_back(b / static_cast<uint64_t>(std::max(1, f.iters)));

@@ -5,8 +5,10 @@
 // TLS. Checks the exit status and the --json fields (correctness verdicts included: no wrong
 // element, bit-identical ranks); never a speed.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -52,6 +54,13 @@ TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
   ASSERT_EQ(j["runs"].size(), 2u);
   for (const auto& run : j["runs"]) {
     EXPECT_GT(run["time_s"].get<double>(), 0.0) << run;
+    // One time per measured iteration; the mean of them is time_s, and it lies within the spread.
+    ASSERT_EQ(run["iteration_s"].size(), 2u) << run;
+    const double a = run["iteration_s"][0].get<double>(), b = run["iteration_s"][1].get<double>();
+    EXPECT_NEAR((a + b) / 2, run["time_s"].get<double>(), 1e-9) << run;
+    EXPECT_DOUBLE_EQ(run["time_min_s"].get<double>(), std::min(a, b)) << run;
+    EXPECT_DOUBLE_EQ(run["time_max_s"].get<double>(), std::max(a, b)) << run;
+    EXPECT_NEAR(run["time_median_s"].get<double>(), (a + b) / 2, 1e-9) << run;
     EXPECT_GT(run["algbw_gbs"].get<double>(), 0.0) << run;
     EXPECT_GT(run["busbw_gbs"].get<double>(), run["algbw_gbs"].get<double>()) << run;
     EXPECT_EQ(run["wrong"], 0) << run;
