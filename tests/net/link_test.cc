@@ -258,20 +258,19 @@ TEST_F(NetLink, ASmallMessageOnAnotherChannelDoesNotWaitBehindABigOne) {
 TEST_F(NetLink, CloseFlushesWhatWasQueuedBeforeIt) {
   Server server;
   ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
-  auto client = Endpoint::Create(Options("eu", eu_, {"us"}), nullptr);
-  ASSERT_TRUE(client.ok());
-  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
-  ASSERT_TRUE(link.ok());
+  auto client = Dial(Options("eu", eu_, {"us"}), server.port, /*streams=*/0);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::shared_ptr<Link>& link = client->link;
   SendTracker sends;
   for (uint32_t i = 0; i < 4; ++i) {
-    (*link)->Send(i, Pattern(1 << 20, i), Deadline::AfterSeconds(10), sends.Done());
+    link->Send(i, Pattern(1 << 20, i), Deadline::AfterSeconds(10), sends.Done());
   }
-  (*link)->Close();  // before the streams are even up
+  link->Close();  // before the streams are even up
   ASSERT_TRUE(sends.WaitFor(4, 10));
   for (const Status& s : sends.results()) EXPECT_TRUE(s.ok()) << s;
   ASSERT_TRUE(server.received.WaitFor(4, 5));
   EXPECT_EQ(server.received.messages()[3].at(0), Pattern(1 << 20, 3));
-  EXPECT_EQ((*link)->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
+  EXPECT_EQ(link->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
             StatusCode::kCancelled);
   std::shared_ptr<Link> accepted = server.link(0);
   ASSERT_NE(accepted, nullptr);
@@ -282,13 +281,12 @@ TEST_F(NetLink, CloseFlushesWhatWasQueuedBeforeIt) {
 TEST_F(NetLink, CloseFailsLaterSendsAndTellsThePeer) {
   Server server;
   ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
-  auto client = Endpoint::Create(Options("eu", eu_, {"us"}), nullptr);
-  ASSERT_TRUE(client.ok());
-  auto link = (*client)->Connect("us", "127.0.0.1", server.port, nullptr);
-  ASSERT_TRUE(link.ok());
-  ASSERT_TRUE((*link)->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(10)).ok());
-  (*link)->Close();
-  EXPECT_EQ((*link)->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
+  auto client = Dial(Options("eu", eu_, {"us"}), server.port, /*streams=*/0);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::shared_ptr<Link>& link = client->link;
+  ASSERT_TRUE(link->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(10)).ok());
+  link->Close();
+  EXPECT_EQ(link->SendAndWait(0, Pattern(10, 1), Deadline::AfterSeconds(5)).code(),
             StatusCode::kCancelled);
   std::shared_ptr<Link> accepted = server.link(0);
   ASSERT_NE(accepted, nullptr);
