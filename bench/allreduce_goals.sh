@@ -16,8 +16,7 @@
 #           floors (printed as the bound) allow 2x for balanced and 1.32x for weighted at 64 MiB.
 # The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
 # peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
-# CHUNK sets straitd's allreduce.chunk_elements (0: its default, 2^17 since 2026-12-03; 2^18
-# before). SIZE (64MiB), ITERS (3), WARMUP (1), CASES ("equal hetero"), STREAMS (1), PACE and CHUNK
+# CHUNK sets straitd's allreduce.chunk_elements (0: its default, 2^18). SIZE (64MiB), ITERS (3), WARMUP (1), CASES ("equal hetero"), STREAMS (1), PACE and CHUNK
 # override; a small SIZE checks the script, not the goals. The link bound is DESIGN's 2L + 2S(n-1)/(n r B); the
 # note under the table gives each mesh row against its per-pair floor as well (on strait-wanem
 # every directed pair has its own rate, so that floor is the tighter one).

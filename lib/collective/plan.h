@@ -38,11 +38,12 @@ const char* AlgorithmName(Algorithm algorithm) noexcept;  // "auto", "mesh", "ri
 // Elements per pipelined chunk unless the caller says otherwise. Smaller chunks shorten the
 // pipeline's fill and drain (the first chunk must cross before its owner can reduce it, the last
 // result must cross after it is reduced); larger ones cost fewer frames and compress better.
-// 2^17 (512 KiB of fp32) measured best on 100 Mbit/s, 20 ms links (bench/README.md,
-// "2026-12-03 (chunks)"): unequal shards 1.18-1.24x their floor where 2^18 left 1.23-1.26x,
-// equal links alike; 2^16 cost zstd's ratio.
+// 2^18 (1 MiB of fp32) on 100 Mbit/s, 20 ms links (bench/README.md, "2026-12-03 (chunks)" and
+// "(CollNet and chunks)"): 2^17 gained unequal shards a few hundredths of their floor, within
+// the spread between iterations, but NCCL's CollNet ops (4 MiB, eight at once) then ran 2.3-2.6x
+// library mode's time instead of 1.2-1.6x; 2^16 cost zstd's ratio.
 // Every gateway of a job must cut alike: the gateway's op identity names its chunk size.
-inline constexpr size_t kDefaultChunkElements = size_t{1} << 17;
+inline constexpr size_t kDefaultChunkElements = size_t{1} << 18;
 
 struct PlanOptions {
   size_t count = 0;                 // elements in the tensor

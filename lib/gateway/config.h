@@ -44,7 +44,7 @@
 //   deadline = "60s"
 //   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
 //   shard_weights = { us-east = 100, eu-west = 50, ap-south = 50 }   # optional, see below
-//   chunk_elements = 131072       # pipelined chunk size; the same in every region (plan.h)
+//   chunk_elements = 262144       # pipelined chunk size; the same in every region (plan.h)
 //
 // Dial-only regions. Links between regions are dialled by one side and accepted by the other:
 // by default the region of lower rank (WorldRegions() order) dials. A region behind NAT or a
