@@ -65,6 +65,8 @@ net::EndpointOptions EndpointOptionsOf(const GatewayConfig& config) {
 Status CheckConfigEnvironment(const GatewayConfig& config, std::vector<std::string>* warnings) {
   net::EndpointSetting setting = net::EndpointSetting::kNone;
   if (Status s = net::CheckEndpoint(EndpointOptionsOf(config), &setting); !s.ok()) {
+    // Out of descriptors: no setting is wrong, and the message already says what to raise.
+    if (s.code() == StatusCode::kResourceExhausted) return s.WithContext(config.file);
     const Blame blame = BlameFor(setting, config);
     return InvalidArgumentError(config.file + ": " + blame.key + ": " + std::string(s.message()) +
                                 "; fix: " + blame.fix);

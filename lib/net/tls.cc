@@ -33,17 +33,18 @@ std::string OpenSslErrors(int* sys_errno = nullptr) {
   return out.empty() ? "unknown OpenSSL error" : out;
 }
 
-// A file that could not be loaded: the caller's error, unless the process ran out of
-// descriptors (the file is fine then, and the fix is the limit).
-Status CannotLoad(const std::string& what) {
+void Blame(EndpointSetting* setting, EndpointSetting which) {
+  if (setting != nullptr) *setting = which;
+}
+
+// A file that could not be loaded: the setting `which` is to blame, unless the process ran out
+// of descriptors (the file is fine then, nothing is blamed, and the fix is the limit).
+Status CannotLoad(const std::string& what, EndpointSetting* setting, EndpointSetting which) {
   int err = 0;
   std::string errors = OpenSslErrors(&err);
   if (IsDescriptorLimit(err)) return ErrnoStatus(what, err);
+  Blame(setting, which);
   return InvalidArgumentError(what + ": " + errors);
-}
-
-void Blame(EndpointSetting* setting, EndpointSetting which) {
-  if (setting != nullptr) *setting = which;
 }
 
 }  // namespace
@@ -59,12 +60,12 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
     return InternalError("cannot require TLS 1.3: " + OpenSslErrors());
   }
   if (SSL_CTX_load_verify_locations(native, ca_file.c_str(), nullptr) != 1) {
-    Blame(setting, EndpointSetting::kCaFile);
-    return CannotLoad("cannot load the cluster CA from '" + ca_file + "'");
+    return CannotLoad("cannot load the cluster CA from '" + ca_file + "'", setting,
+                      EndpointSetting::kCaFile);
   }
   if (SSL_CTX_use_certificate_chain_file(native, cert_file.c_str()) != 1) {
-    Blame(setting, EndpointSetting::kCertFile);
-    return CannotLoad("cannot load the certificate chain '" + cert_file + "'");
+    return CannotLoad("cannot load the certificate chain '" + cert_file + "'", setting,
+                      EndpointSetting::kCertFile);
   }
   if (SSL_CTX_use_PrivateKey_file(native, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
     // OpenSSL 3 checks the pair while loading the key: a readable key of another certificate
@@ -75,8 +76,8 @@ StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& 
       return InvalidArgumentError("private key '" + key_file + "' does not match certificate '" +
                                   cert_file + "': " + OpenSslErrors());
     }
-    Blame(setting, EndpointSetting::kKeyFile);
-    return CannotLoad("cannot load the private key '" + key_file + "'");
+    return CannotLoad("cannot load the private key '" + key_file + "'", setting,
+                      EndpointSetting::kKeyFile);
   }
   if (SSL_CTX_check_private_key(native) != 1) {
     Blame(setting, EndpointSetting::kKeyMismatch);
