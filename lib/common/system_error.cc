@@ -19,8 +19,9 @@ int Errno(const std::error_code& ec) {
   return system ? ec.value() : 0;
 }
 
-Status Make(const std::string& what, int err, const std::string& text, StatusCode otherwise) {
-  if (!IsDescriptorLimit(err)) return Status(otherwise, what + ": " + text);
+Status Make(const std::string& what, int err, const std::string& text, StatusCode otherwise,
+            const std::string& fix) {
+  if (!IsDescriptorLimit(err)) return Status(otherwise, what + ": " + text + fix);
   // ENFILE is the whole system's table, EMFILE this process's limit.
   return ResourceExhaustedError(
       what + ": " + text +
@@ -36,17 +37,19 @@ bool IsDescriptorLimit(int err) { return err == EMFILE || err == ENFILE; }
 
 bool IsDescriptorLimit(const std::error_code& ec) { return IsDescriptorLimit(Errno(ec)); }
 
-Status ErrnoStatus(const std::string& what, int err, StatusCode otherwise) {
-  return Make(what, err, std::strerror(err), otherwise);
+Status ErrnoStatus(const std::string& what, int err, StatusCode otherwise,
+                   const std::string& fix) {
+  return Make(what, err, std::strerror(err), otherwise, fix);
 }
 
-Status ErrorCodeStatus(const std::string& what, const std::error_code& ec, StatusCode otherwise) {
-  return Make(what, Errno(ec), ec.message(), otherwise);
+Status ErrorCodeStatus(const std::string& what, const std::error_code& ec, StatusCode otherwise,
+                       const std::string& fix) {
+  return Make(what, Errno(ec), ec.message(), otherwise, fix);
 }
 
 Status SystemErrorStatus(const std::string& what, const std::system_error& e,
-                         StatusCode otherwise) {
-  return Make(what, Errno(e.code()), e.what(), otherwise);
+                         StatusCode otherwise, const std::string& fix) {
+  return Make(what, Errno(e.code()), e.what(), otherwise, fix);
 }
 
 }  // namespace strait

@@ -48,10 +48,8 @@ StatusOr<int> LockShard(const GatewayConfig& config, int shard, bool keep) {
     // The socket's directory is checked (and created by systemd/Kubernetes) where the socket is
     // bound; without write access there the lock cannot guard anything, and the start fails on
     // the socket anyway.
-    const Status failed = ErrnoStatus("cannot open the shard lock " + path, err);
-    if (IsDescriptorLimit(err)) return failed;
-    return Status(failed.code(), std::string(failed.message()) +
-                                     "; fix: make local.socket's directory writable for straitd");
+    return ErrnoStatus("cannot open the shard lock " + path, err, StatusCode::kUnavailable,
+                       "; fix: make local.socket's directory writable for straitd");
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -267,11 +265,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Start(const GatewayConfig& config) {
     return StartOrThrow(config);
   } catch (const std::system_error& e) {
     // Asio's event loops (epoll, eventfd, timerfd) and std::thread throw what the kernel refused.
-    const Status refused =
-        SystemErrorStatus("cannot start", e, StatusCode::kResourceExhausted);
-    if (IsDescriptorLimit(e.code())) return refused;
-    return Status(refused.code(), std::string(refused.message()) +
-                                      "; check the process's limits (ulimit -a)");
+    return SystemErrorStatus("cannot start", e, StatusCode::kResourceExhausted,
+                             "; check the process's limits (ulimit -a)");
   }
 }
 

@@ -212,10 +212,8 @@ Status HttpServer::Core::Bind(const std::string& address, uint16_t port, uint16_
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (!ec) *bound = acceptor_.local_endpoint(ec).port();
   if (ec) {
-    const Status failed = ErrorCodeStatus("cannot listen for HTTP on " + where, ec);
-    if (IsDescriptorLimit(ec)) return failed;
-    return Status(failed.code(),
-                  std::string(failed.message()) + " (is the port taken? change metrics.listen)");
+    return ErrorCodeStatus("cannot listen for HTTP on " + where, ec, StatusCode::kUnavailable,
+                           " (is the port taken? change metrics.listen)");
   }
   return Status::Ok();
 }

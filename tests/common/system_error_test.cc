@@ -38,6 +38,15 @@ TEST(SystemError, OtherErrorsKeepTheCallersCodeAndNoHint) {
   EXPECT_FALSE(IsDescriptorLimit(EAGAIN));
 }
 
+// The caller's own fix is for its own errors; out of descriptors, only the limit's fix is given.
+TEST(SystemError, TheCallersFixIsAddedUnlessDescriptorsRanOut) {
+  EXPECT_EQ(ErrnoStatus("lock", EACCES, StatusCode::kUnavailable, "; fix: chmod").message(),
+            "lock: Permission denied; fix: chmod");
+  const Status limit = ErrnoStatus("lock", EMFILE, StatusCode::kUnavailable, "; fix: chmod");
+  EXPECT_EQ(limit.message().find("chmod"), std::string::npos) << limit;
+  EXPECT_NE(limit.message().find("open-file limit"), std::string::npos) << limit;
+}
+
 TEST(SystemError, ErrorCodesAndExceptionsOfTheSystemCategory) {
   const std::error_code emfile(EMFILE, std::system_category());
   EXPECT_TRUE(IsDescriptorLimit(emfile));

@@ -250,13 +250,12 @@ class StraitdFlood : public ::testing::Test {
     const std::vector<uint16_t> ports = FreePorts(3);
     wan_port_ = ports[0];
     metrics_port_ = ports[2];
-    const net::testing::CertFiles* files_eu = &eu_;
     std::string c = "region = \"eu\"\nshard_index = 0\n";
     c += "[local]\nsocket = \"" + dir_ + "/eu.sock\"\nallowed_uids = [" +
          std::to_string(::getuid()) + "]\n";
     c += "[wan]\nlisten = \"127.0.0.1:" + std::to_string(wan_port_) + "\"\n";
-    c += "[tls]\nca = \"" + files_eu->ca + "\"\ncert = \"" + files_eu->cert + "\"\nkey = \"" +
-         files_eu->key + "\"\n";
+    c += "[tls]\nca = \"" + eu_.ca + "\"\ncert = \"" + eu_.cert + "\"\nkey = \"" + eu_.key +
+         "\"\n";
     // A peer that does not run: its dials fail at once and do not count as held descriptors.
     c += "[peers.us]\nshard_0 = \"127.0.0.1:" + std::to_string(ports[1]) + "\"\n";
     c += "[metrics]\nlisten = \"127.0.0.1:" + std::to_string(metrics_port_) + "\"\n";
