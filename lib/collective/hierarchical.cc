@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ namespace {
 enum class Kind : uint8_t {
   kPart = 0,    // phase 1: a member's input for a chunk of another member's shard
   kResult = 1,  // phase 3: a chunk of a finished shard
+  kResultFrame = 2,  // phase 3: a whole finished shard as one lossy frame
 };
 
 // The phase-2 deadline ends this long before the operation's (at most), so that a member whose
@@ -66,9 +68,10 @@ void Send(RegionOperation& o, int peer, uint64_t tag, std::vector<uint8_t> messa
 }
 
 // Receives member g's message for `chunk` of `phase` and checks its header against this
-// member's operation; the payload follows the header in *out.
+// member's operation; the payload follows the header in *out. In phase 3 a member's first chunk
+// may come as its whole shard's frame (kind 2, *framed set; the frame is checked by decoding).
 Status Receive(RegionOperation& o, int g, TagPhase phase, const Chunk& chunk, const char* what,
-               std::vector<uint8_t>* out) {
+               std::vector<uint8_t>* out, bool* framed = nullptr) {
   const uint64_t tag = MakeTag(o.op_id, phase, chunk.id);
   Status s = o.transport->Recv(g, tag, o.deadline, out);
   if (!s.ok()) {
@@ -90,7 +93,9 @@ Status Receive(RegionOperation& o, int g, TagPhase phase, const Chunk& chunk, co
                          std::to_string(kHierarchicalVersion) + " (upgrade the older side)");
   }
   const Kind expect = phase == TagPhase::kMeshScatter ? Kind::kPart : Kind::kResult;
-  if (msg[1] != static_cast<uint8_t>(expect)) {
+  const bool frame = framed != nullptr && msg[1] == static_cast<uint8_t>(Kind::kResultFrame);
+  if (framed != nullptr) *framed = frame;
+  if (msg[1] != static_cast<uint8_t>(expect) && !frame) {
     return DataLossError(PeerOf(o, g) + " sent message kind " + std::to_string(msg[1]) +
                          " where a " + what + " belongs");
   }
@@ -105,7 +110,7 @@ Status Receive(RegionOperation& o, int g, TagPhase phase, const Chunk& chunk, co
             Describe(o.plan->count, static_cast<uint8_t>(o.dtype), static_cast<uint8_t>(o.op)));
   }
   const size_t elem = ElemOf(o);
-  if (msg.size() - kHierarchicalHeaderSize != chunk.count * elem) {
+  if (!frame && msg.size() - kHierarchicalHeaderSize != chunk.count * elem) {
     return DataLossError(PeerOf(o, g) + " sent " +
                          std::to_string(msg.size() - kHierarchicalHeaderSize) +
                          " bytes for chunk " + std::to_string(chunk.id) + ", which needs " +
@@ -164,6 +169,20 @@ Status Validate(const Transport& region, const Transport& cross, const AllReduce
   }
   if (r.chunk_elements == 0) return InvalidArgumentError("chunk_elements must be at least 1");
   return Status::Ok();
+}
+
+// Whether phase 2 can give its result as one frame for phase 3, on AllReduceRequest::
+// result_frame's terms: one lossy codec for every result, unchained, whole blocks per owner.
+bool CanFrameResult(const AllReduceRequest& sub, int regions) {
+  if (sub.count == 0 || sub.result_frame != nullptr || !sub.input_stage.empty()) return false;
+  const CodecId codec = sub.codec.codec;
+  if (!IsLossyCodec(codec) || sub.codec.chain_zstd) return false;
+  if (std::any_of(sub.result_codecs.begin(), sub.result_codecs.end(),
+                  [codec](CodecId c) { return c != codec; })) {
+    return false;
+  }
+  auto plan = MakePlan(PlanFor(sub, regions));
+  return plan.ok() && plan->align == sub.codec.block_size;
 }
 
 }  // namespace
@@ -260,22 +279,56 @@ Status RegionAllGather(RegionOperation& o) {
   const int m = o.transport->size();
   const int me = o.transport->rank();
   const size_t elem = ElemOf(o);
-  for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
-    const Chunk& chunk = plan.ChunkOf(me, k);
-    const uint64_t tag = MakeTag(o.op_id, TagPhase::kMeshGather, chunk.id);
+  if (o.shard_frame != nullptr && plan.ChunkCount(me) > 0) {
+    // The whole shard in one message, under its first chunk's tag.
+    const uint64_t tag = MakeTag(o.op_id, TagPhase::kMeshGather, plan.ChunkOf(me, 0).id);
     for (int j = 1; j < m; ++j) {
       Send(o, (me + j) % m, tag,
-           Message(o, Kind::kResult, o.data + chunk.begin * elem, chunk.count * elem));
+           Message(o, Kind::kResultFrame, o.shard_frame->data(), o.shard_frame->size()));
+    }
+  } else {
+    for (size_t k = 0; k < plan.ChunkCount(me); ++k) {
+      const Chunk& chunk = plan.ChunkOf(me, k);
+      const uint64_t tag = MakeTag(o.op_id, TagPhase::kMeshGather, chunk.id);
+      for (int j = 1; j < m; ++j) {
+        Send(o, (me + j) % m, tag,
+             Message(o, Kind::kResult, o.data + chunk.begin * elem, chunk.count * elem));
+      }
     }
   }
   std::vector<uint8_t> msg;
+  Decoder decoder;
   for (int j = 1; j < m; ++j) {
     const int owner = (me + j) % m;
     for (size_t k = 0; k < plan.ChunkCount(owner); ++k) {
       const Chunk& chunk = plan.ChunkOf(owner, k);
-      STRAIT_RETURN_IF_ERROR(Receive(o, owner, TagPhase::kMeshGather, chunk, "result", &msg));
-      std::memcpy(o.data + chunk.begin * elem, msg.data() + kHierarchicalHeaderSize,
-                  chunk.count * elem);
+      bool framed = false;
+      STRAIT_RETURN_IF_ERROR(Receive(o, owner, TagPhase::kMeshGather, chunk, "result", &msg,
+                                     k == 0 ? &framed : nullptr));
+      const std::span<const uint8_t> payload =
+          std::span<const uint8_t>(msg).subspan(kHierarchicalHeaderSize);
+      if (!framed) {
+        std::memcpy(o.data + chunk.begin * elem, payload.data(), chunk.count * elem);
+        continue;
+      }
+      const Shard shard = plan.shards[static_cast<size_t>(owner)];
+      DecodeExpectations expect;
+      expect.dtype = DataType::kFloat32;
+      expect.element_count = shard.count;
+      auto info = InspectFrame(payload, expect);
+      Status s = info.status();
+      if (s.ok() && !IsLossyCodec(info->codec)) {
+        s = InvalidArgumentError(std::string("a ") + CodecName(info->codec) +
+                                 " frame, where only a lossy one belongs");
+      }
+      if (s.ok()) s = decoder.Decode(payload, o.data + shard.begin * elem, shard.count, o.dtype, expect);
+      if (!s.ok()) {
+        return DataLossError(PeerOf(o, owner) + " sent its shard (elements " +
+                             std::to_string(shard.begin) + ".." +
+                             std::to_string(shard.begin + shard.count) +
+                             ") as a frame that does not decode to it: " + s.ToString());
+      }
+      break;  // the frame stood for every chunk of the shard
     }
   }
   return Status::Ok();
@@ -334,6 +387,9 @@ Status HierarchicalAllReduce(const RegionSide& region_side, Transport& cross,
     const bool exact_avg = !float_path && request.op == ReduceOp::kAvg;
     if (exact_avg) sub.op = ReduceOp::kSum;  // divided by m x n once, below
     sub.deadline = CrossPhaseDeadline(request.deadline, m);
+    // The shard's result as the frame phase 2 decoded it, for phase 3 (see the file comment).
+    std::vector<uint8_t> frame;
+    if (m > 1 && CanFrameResult(sub, cross.size())) sub.result_frame = &frame;
     AllReduceStats cross_stats;
     status = AllReduce(cross, sub, &cross_stats);
     cross_told = !status.ok();  // AllReduce aborted (or heard the abort) itself
@@ -347,6 +403,7 @@ Status HierarchicalAllReduce(const RegionSide& region_side, Transport& cross,
       }
     }
     status = status.WithContext("cross-region phase of shard " + std::to_string(me));
+    if (sub.result_frame == &frame) c.shard_frame = &frame;
     if (status.ok()) status = RegionAllGather(c).WithContext("intra-region all-gather");
   }
   // On success the sends must have arrived too; after a failure nothing waits for them (the

@@ -12,8 +12,12 @@
 //   2. Cross-region: the existing AllReduce of shard i over `cross`, the world of the shard-i
 //      gateways of every region, with the request's codec, error feedback and shard weights.
 //      Its result is bit-identical on every region's gateway i.
-//   3. Intra-region all-gather over `region`: gateway i sends its finished shard, raw, to every
-//      other gateway of its region, so every node head of every region ends with the same bytes.
+//   3. Intra-region all-gather over `region`: gateway i sends its finished shard to every other
+//      gateway of its region, so every node head of every region ends with the same bytes. Raw,
+//      chunk by chunk; or, when phase 2 ran a lossy codec that can give its result as one frame
+//      (AllReduceRequest::result_frame: one lossy codec for every result, unchained, whole blocks
+//      per owner), as that frame, which the others decode exactly as phase 2 decoded it: the
+//      same bits in a quarter (int8, fp8) or an eighth (int4) of the bytes.
 // With m = 1 phases 1 and 3 move nothing and the result is exactly AllReduce's.
 //
 // Numerics: with a lossless codec, a sum is the fp32 sum over regions in rank order of the
@@ -31,16 +35,20 @@
 // Intra-region messages (tags from MakeTag(RegionSide::op_id, kMeshScatter / kMeshGather, chunk
 // id) of the region plan) start with a 16-byte header:
 //   off size field (little-endian)
-//     0    1 version (kHierarchicalVersion = 1)
-//     1    1 kind: 0 = reduce-scatter part, 1 = all-gather result (explicit, never renumbered)
+//     0    1 version (kHierarchicalVersion = 2; 1 had no kind 2)
+//     1    1 kind: 0 = reduce-scatter part, 1 = all-gather result, 2 = all-gather result frame
+//              (explicit, never renumbered)
 //     2    1 dtype
 //     3    1 op
 //     4    4 reserved, zero
 //     8    8 the whole tensor's element count
-//    16    . payload: the chunk's elements, raw
+//    16    . payload: kinds 0 and 1 the chunk's elements, raw; kind 2 the owner's whole shard
+//              as one lossy frame (strait/codec.h: float32 elements, the shard's count), sent
+//              under the tag of the shard's first chunk and standing for all of its chunks
 // A part whose dtype, op, count or size differs from this gateway's request fails the operation
 // with kInvalidArgument naming both requests (the node heads did not issue the same
-// all-reduce); an unknown version or kind is kDataLoss.
+// all-reduce); an unknown version or kind, or a frame that does not decode to the shard, is
+// kDataLoss.
 //
 // Failure: every wait ends by request.deadline (phase 2 by a moment earlier: a tenth of the time
 // left, at most 2 s, so that a gateway whose cross-region phase times out can still tell its
@@ -74,7 +82,7 @@
 
 namespace strait::collective {
 
-inline constexpr uint8_t kHierarchicalVersion = 1;
+inline constexpr uint8_t kHierarchicalVersion = 2;
 inline constexpr size_t kHierarchicalHeaderSize = 16;
 
 // What a HierarchicalAllReduce did, for metrics and logs.
@@ -123,6 +131,11 @@ struct RegionOperation {
   // phases never wait for their sends: the caller decides whether to (HierarchicalAllReduce
   // waits on success; the host backend only checks for failures). Empty: completions ignored.
   std::function<SendDone()> track_send;
+  // Phase 3 only: when set, this member's shard goes to the others as this frame (kind 2: a
+  // lossy frame of the shard's elements whose decoding is exactly the shard's bytes in `data`,
+  // as AllReduce's result_frame is) instead of raw chunks. Members decide this each on their
+  // own: a receiver takes either form from every member.
+  const std::vector<uint8_t>* shard_frame = nullptr;
   // How errors word things. A member that differs from this one in dtype, op or count fails with
   // `mismatch_code` and "every <members> must issue the same all-reduces in the same order, but
   // <peer(g)> runs one of ... and <self> one of ...".
@@ -155,9 +168,10 @@ struct RegionOperation {
 // peer_aborted. Thread-safe for operations with different op ids.
 Status RegionReduceScatter(RegionOperation& op);
 
-// Phase 3, intra-region all-gather: sends this member's shard of `data` to every other member
-// and copies every other member's shard into `data`, so that all members end with the same
-// bytes. Preconditions, blocking, errors and aborts as RegionReduceScatter's.
+// Phase 3, intra-region all-gather: sends this member's shard of `data` (or op.shard_frame) to
+// every other member and copies (or decodes) every other member's shard into `data`, so that
+// all members end with the same bytes. Preconditions, blocking, errors and aborts as
+// RegionReduceScatter's.
 Status RegionAllGather(RegionOperation& op);
 
 // The intra-region side of a HierarchicalAllReduce.

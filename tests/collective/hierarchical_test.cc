@@ -592,17 +592,17 @@ TEST(RegionPhases, AcceptTheDocumentedMessageFormat) {
                   .Recv(0, MakeTag(o.op_id, TagPhase::kMeshScatter, chunk1.id), o.deadline, &msg)
                   .ok());
   std::vector<uint8_t> part(data.begin() + 8, data.end());
-  EXPECT_EQ(msg, DocumentedMessage(1, 0, DataType::kInt32, ReduceOp::kSum, 4, part));
+  EXPECT_EQ(msg, DocumentedMessage(2, 0, DataType::kInt32, ReduceOp::kSum, 4, part));
   std::memcpy(payload.data(), theirs.data(), 8);  // shard 1's result, as member 1 would send it
   world.transport(1).Send(0, MakeTag(o.op_id, TagPhase::kMeshGather, chunk1.id),
-                          DocumentedMessage(1, 1, DataType::kInt32, ReduceOp::kSum, 4, payload),
+                          DocumentedMessage(2, 1, DataType::kInt32, ReduceOp::kSum, 4, payload),
                           o.deadline, [](const Status&) {});
   ASSERT_TRUE(RegionAllGather(o).ok());
   ASSERT_TRUE(world.transport(1)
                   .Recv(0, MakeTag(o.op_id, TagPhase::kMeshGather, chunk0.id), o.deadline, &msg)
                   .ok());
   const std::vector<uint8_t> result(data.begin(), data.begin() + 8);
-  EXPECT_EQ(msg, DocumentedMessage(1, 1, DataType::kInt32, ReduceOp::kSum, 4, result));
+  EXPECT_EQ(msg, DocumentedMessage(2, 1, DataType::kInt32, ReduceOp::kSum, 4, result));
   std::memcpy(got.data(), data.data(), 16);
   EXPECT_EQ(got, (std::vector<int32_t>{11, 22, 10, 20}));
 }
@@ -615,9 +615,12 @@ TEST(RegionPhases, MalformedMessagesAreDataLossNamingThePeer) {
   const std::vector<uint8_t> two(8, 0);
   const Case cases[] = {
       {{1, 0, 7}, "shorter than the 16-byte header"},
-      {DocumentedMessage(2, 0, DataType::kInt32, ReduceOp::kSum, 4, two), "version 2"},
-      {DocumentedMessage(1, 1, DataType::kInt32, ReduceOp::kSum, 4, two), "kind 1"},
-      {DocumentedMessage(1, 0, DataType::kInt32, ReduceOp::kSum, 4, {1, 2, 3, 4}), "sent 4 bytes"},
+      {DocumentedMessage(1, 0, DataType::kInt32, ReduceOp::kSum, 4, two), "version 1"},
+      {DocumentedMessage(3, 0, DataType::kInt32, ReduceOp::kSum, 4, two), "version 3"},
+      {DocumentedMessage(2, 1, DataType::kInt32, ReduceOp::kSum, 4, two), "kind 1"},
+      // A result frame belongs to phase 3 only.
+      {DocumentedMessage(2, 2, DataType::kInt32, ReduceOp::kSum, 4, two), "kind 2"},
+      {DocumentedMessage(2, 0, DataType::kInt32, ReduceOp::kSum, 4, {1, 2, 3, 4}), "sent 4 bytes"},
   };
   for (const Case& c : cases) {
     LocalWorld world(2);
@@ -632,6 +635,97 @@ TEST(RegionPhases, MalformedMessagesAreDataLossNamingThePeer) {
     EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
     EXPECT_NE(s.message().find("region gateway"), std::string::npos) << s;
     EXPECT_FALSE(o.peer_aborted);
+  }
+}
+
+TEST(RegionPhases, AllGatherTakesAMembersShardAsOneFrameAndRefusesABadOne) {
+  // Member 1 (the test) sends its shard, elements 300..599 of 600 bfloat16, as the documented
+  // kind-2 message: one int8 frame under the tag of the shard's first chunk. Member 0 must
+  // decode it into place exactly as Decoder does, for every chunk of that shard at once.
+  const size_t count = 600;
+  auto plan = RegionPlan(count, 2, 128);  // three chunks per shard
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Shard theirs = plan->shards[1];
+  std::vector<float> values(theirs.count);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(float(i)) * 3.0f;
+  CodecOptions int8;
+  int8.codec = CodecId::kInt8;
+  std::vector<uint8_t> frame;
+  ASSERT_TRUE(Encoder().Encode(values.data(), values.size(), DataType::kFloat32, int8, &frame).ok());
+  std::vector<uint8_t> want(theirs.count * 2);
+  ASSERT_TRUE(Decoder().Decode(frame, want.data(), theirs.count, DataType::kBfloat16).ok());
+
+  std::vector<uint8_t> corrupt = frame;
+  corrupt.back() ^= 0x5a;  // a code byte: the payload's checksum no longer holds
+  std::vector<uint8_t> lossless;
+  ASSERT_TRUE(Encoder().Encode(values.data(), values.size(), DataType::kFloat32, CodecOptions{},
+                               &lossless).ok());
+  std::vector<uint8_t> short_one;  // a frame of one element fewer than the shard
+  ASSERT_TRUE(Encoder().Encode(values.data(), values.size() - 1, DataType::kFloat32, int8,
+                               &short_one).ok());
+  struct Case {
+    const std::vector<uint8_t>* frame;
+    const char* says;  // empty: decodes
+  };
+  const Case cases[] = {{&frame, ""},
+                        {&corrupt, "corrupted frame payload"},
+                        {&lossless, "only a lossy one belongs"},
+                        {&short_one, "does not decode to it"}};
+  for (const Case& c : cases) {
+    LocalWorld world(2);
+    std::vector<uint8_t> data(count * 2, 0);
+    RegionOperation o = RegionOp(world, 0, *plan, data, DataType::kBfloat16, ReduceOp::kSum);
+    world.transport(1).Send(
+        0, MakeTag(o.op_id, TagPhase::kMeshGather, plan->ChunkOf(1, 0).id),
+        DocumentedMessage(2, 2, DataType::kBfloat16, ReduceOp::kSum, count, *c.frame), o.deadline,
+        [](const Status&) {});
+    const Status s = RegionAllGather(o);
+    if (*c.says == 0) {
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), data.begin() + theirs.begin * 2));
+      EXPECT_EQ(world.BufferedMessages(0), 0u);
+      continue;
+    }
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << c.says << ": " << s;
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
+    EXPECT_NE(s.message().find("region gateway"), std::string::npos) << s;
+  }
+}
+
+TEST(Hierarchical, LossyResultsCrossTheRegionAsTheFramesPhaseTwoDecoded) {
+  // 2 regions x 2 gateways, int8: each gateway's shard (2050 elements, more than 2 owners x 256
+  // per block) goes to its region peer as one frame, not raw, and every node still ends with
+  // the same bits. int4 halves the codes again; fp16 nodes decode the same way.
+  const size_t count = 4100;
+  for (CodecId codec : {CodecId::kInt8, CodecId::kInt4}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat16}) {
+      const std::string what = std::string(CodecName(codec)) + " " + DataTypeName(dtype);
+      Cluster cluster(2, 2);
+      const Buffers in = Inputs(2, 2, count, dtype);
+      Buffers data = in;
+      std::vector<HierarchicalStats> stats(4);
+      const AllReduceRequest base = Request(dtype, ReduceOp::kSum, count, codec);
+      const std::vector<Status> st = cluster.Run([&](int r, int g) {
+        AllReduceRequest req = base;
+        req.data = data[size_t(r * 2 + g)].data();
+        return HierarchicalAllReduce(cluster.region(r, g, req), cluster.cross(r, g), req,
+                                     &stats[size_t(r * 2 + g)]);
+      });
+      for (const Status& s : st) ASSERT_TRUE(s.ok()) << what << ": " << s;
+      ExpectBitIdentical(data, what);
+      auto plan = RegionPlan(count, 2, kChunk);
+      ASSERT_TRUE(plan.ok());
+      const size_t elem = DataTypeSize(dtype);
+      for (int g = 0; g < 2; ++g) {
+        const Shard shard = plan->shards[size_t(g)];
+        const size_t other = plan->shards[size_t(1 - g)].count;
+        const size_t codes = codec == CodecId::kInt4 ? (shard.count + 1) / 2 : shard.count;
+        const size_t frame = kFrameHeaderSize + (shard.count + 255) / 256 * 4 + codes;
+        const uint64_t scatter = other * elem + 16 * plan->ChunkCount(1 - g);
+        EXPECT_EQ(stats[size_t(g)].region_bytes_sent, scatter + 16 + frame) << what << " " << g;
+        EXPECT_LT(16 + frame, shard.count * elem) << what;  // half of fp16's, a quarter of fp32's
+      }
+    }
   }
 }
 
