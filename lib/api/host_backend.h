@@ -26,8 +26,8 @@
 // Phases 1 and 3 are the gateways' region phases (collective::RegionReduceScatter and
 // collective::RegionAllGather over a collective::RegionPlan with chunks of kRegionChunkBytes),
 // so their messages are the ones collective/hierarchical.h documents: a 16-byte header (version
-// kHierarchicalVersion = 1, kind 0 = part / 1 = result, dtype, op, the whole tensor's count)
-// and the chunk's elements, raw. They travel only between the ranks of one comm (this backend
+// kHierarchicalVersion, kind 0 = part / 1 = result, dtype, op, the whole tensor's count) and
+// the chunk's elements, raw (never kind 2: the gateway returns this rank's shard decoded). They travel only between the ranks of one comm (this backend
 // on every rank; no gateway reads them). A message whose dtype, op or count differ from this
 // rank's call fails the operation with kFailedPrecondition naming both (the ranks did not issue
 // the same all-reduces).
