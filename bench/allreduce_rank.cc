@@ -109,8 +109,10 @@ std::string Hex(uint64_t v) {
 
 // Compares result[0, end-begin) with the fp64 sum over regions of elements [begin, end) of each
 // region's tensor. Lossless: within fp32 rounding of the n-term sum. Lossy: each input may be
-// off by one step of its block (quantization plus the residual error feedback carries) and the
-// result by half a step of its own block; blocks are taken as any 256-element window within two
+// off by one step of its block (quantization plus the residual error feedback carries), and so
+// may the result: the owner re-encodes the sum with its own residual, which carries up to half a
+// step of the previous iteration's rounding into this one's half step (a half-step allowance read
+// 12 of 16.8M elements 0.4-1.5% over it after ten int8+ef iterations of the 3x2 64 MiB run); blocks are taken as any 256-element window within two
 // blocks either side, since the gateway's shards need not align with this slice.
 // bfloat16 and float16: the inputs are the fp32 data rounded to `dtype` (what the ranks send),
 // the sum is fp64 over those, and the rounding allowance is that of `dtype` (each partial sum
@@ -164,7 +166,7 @@ Check CheckAgainstReference(const float* result, size_t count_total, size_t begi
     double tol;
     if (levels > 0) {
       // 1.25: error feedback's compensated input can exceed the block's absmax by a step.
-      tol = 1.25 * (step_sum[i / kBlock] + 0.5 * out_max[i / kBlock]) / levels;
+      tol = 1.25 * (step_sum[i / kBlock] + out_max[i / kBlock]) / levels;
       if (dtype != DataType::kFloat32) tol += rounding * sum_abs[i] + floor;
     } else {
       tol = rounding * sum_abs[i] + floor;
