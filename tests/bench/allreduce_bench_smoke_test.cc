@@ -1,6 +1,6 @@
 // Smoke test of `strait-bench allreduce --loopback`: three regions of two ranks on 127.0.0.1,
 // each rank a process with its own straitd, 1 MiB for two iterations, with and without the ring
-// baseline; several codecs with weighted and even shards in one run (gateways restarted with
+// baseline; int8 with error feedback for ten iterations (16 MiB); several codecs with weighted and even shards in one run (gateways restarted with
 // allreduce.shard_weights, which must change how many bytes each region sends); gateways over
 // TLS. Checks the exit status and the --json fields (correctness verdicts included: no wrong
 // element, bit-identical ranks); never a speed.
@@ -73,6 +73,25 @@ TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
   EXPECT_GT(j["runs"][0]["max_error"].get<double>(), 0.0);
   EXPECT_LT(j["runs"][1]["max_error"].get<double>(), 1e-5);
   EXPECT_GT(j["baseline_over_mesh"].get<double>(), 0.0);
+}
+
+// int8 with error feedback carries each rounding into the next iteration, at the owner as at
+// the senders, so after several iterations the result may be off by a whole step of its block.
+// A check that allowed the result half a step called this run (16 MiB, ten iterations) wrong:
+// 6 of 4.2M elements, exit 1. Ten iterations, so that the carried residuals are what is checked.
+TEST(AllReduceBench, Int8WithErrorFeedbackPassesItsCheckAfterManyIterations) {
+  const auto r = RunBench({"allreduce", "--loopback", "--size", "16MiB", "--iters", "10", "--codec",
+                           "int8,ef", "--straitd", STRAITD_BINARY, "--timeout", "60", "--json"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["runs"].size(), 1u);
+  const auto& run = j["runs"][0];
+  EXPECT_EQ(run["iteration_s"].size(), 10u) << run;
+  EXPECT_EQ(run["wrong"], 0) << run;
+  EXPECT_EQ(run["identical"], true) << run;
+  // Lossy for real: the check had something to allow.
+  EXPECT_GT(run["max_error"].get<double>(), 1e-3) << run;
 }
 
 TEST(AllReduceBench, LoopbackZstdMeshIsExactToFp32Rounding) {
