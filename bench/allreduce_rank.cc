@@ -112,8 +112,9 @@ std::string Hex(uint64_t v) {
 // off by one step of its block (quantization plus the residual error feedback carries), and so
 // may the result: the owner re-encodes the sum with its own residual, which carries up to half a
 // step of the previous iteration's rounding into this one's half step (a half-step allowance read
-// 12 of 16.8M elements 0.4-1.5% over it after ten int8+ef iterations of the 3x2 64 MiB run); blocks are taken as any 256-element window within two
-// blocks either side, since the gateway's shards need not align with this slice.
+// 12 of 16.8M elements 0.4-1.5% over it after ten int8+ef iterations of the 3x2 64 MiB run);
+// blocks are taken as any 256-element window within two blocks either side, since the gateway's
+// shards need not align with this slice.
 // bfloat16 and float16: the inputs are the fp32 data rounded to `dtype` (what the ranks send),
 // the sum is fp64 over those, and the rounding allowance is that of `dtype` (each partial sum
 // may be rounded to it; float16 also allows its subnormal spacing per term), added to the lossy

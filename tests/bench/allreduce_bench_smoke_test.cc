@@ -1,9 +1,9 @@
 // Smoke test of `strait-bench allreduce --loopback`: three regions of two ranks on 127.0.0.1,
 // each rank a process with its own straitd, 1 MiB for two iterations, with and without the ring
-// baseline; int8 with error feedback for ten iterations (16 MiB); several codecs with weighted and even shards in one run (gateways restarted with
-// allreduce.shard_weights, which must change how many bytes each region sends); gateways over
-// TLS. Checks the exit status and the --json fields (correctness verdicts included: no wrong
-// element, bit-identical ranks); never a speed.
+// baseline; int8 with error feedback for ten iterations (16 MiB); several codecs with weighted
+// and even shards in one run (gateways restarted with allreduce.shard_weights, which must change
+// how many bytes each region sends); gateways over TLS. Checks the exit status and the --json
+// fields (correctness verdicts included: no wrong element, bit-identical ranks); never a speed.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -26,9 +26,10 @@ strait::test::CapturedRun RunBench(const std::vector<std::string>& args) {
   return strait::test::RunCaptured(argv, /*capture_stderr=*/false);
 }
 
-std::vector<std::string> Common(const std::string& codec) {
-  return {"allreduce", "--loopback", "--size",       "1MiB",      "--iters", "2",     "--codec",
-          codec,       "--straitd",  STRAITD_BINARY, "--timeout", "30",      "--json"};
+std::vector<std::string> Common(const std::string& codec, const std::string& size = "1MiB",
+                                const std::string& iters = "2", const std::string& timeout = "30") {
+  return {"allreduce", "--loopback", "--size",       size,        "--iters", iters,   "--codec",
+          codec,       "--straitd",  STRAITD_BINARY, "--timeout", timeout,   "--json"};
 }
 
 TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
@@ -80,8 +81,7 @@ TEST(AllReduceBench, LoopbackInt8MeshAndRingBaselineReportEveryField) {
 // A check that allowed the result half a step called this run (16 MiB, ten iterations) wrong:
 // 6 of 4.2M elements, exit 1. Ten iterations, so that the carried residuals are what is checked.
 TEST(AllReduceBench, Int8WithErrorFeedbackPassesItsCheckAfterManyIterations) {
-  const auto r = RunBench({"allreduce", "--loopback", "--size", "16MiB", "--iters", "10", "--codec",
-                           "int8,ef", "--straitd", STRAITD_BINARY, "--timeout", "60", "--json"});
+  const auto r = RunBench(Common("int8,ef", "16MiB", "10", "60"));
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
