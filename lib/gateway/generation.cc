@@ -178,9 +178,10 @@ StatusOr<uint64_t> Generations::AwaitJoin(const std::string& job, Deadline slice
       if (differ) {
         return j.refused = FailedPreconditionError(
             "job \"" + job + "\": the regions' ranks would go on from different steps (all-reduces "
-            "completed: " + positions + "): a gateway was lost just as a step completed in "
-            "some regions only, and its rank never got the result. The regions cannot continue "
-            "in step: restart every rank of the job from its last checkpoint");
+            "completed: " + positions + "): a step completed in some regions only (a gateway "
+            "was lost, or a link between regions was down past the step's deadline, just as the "
+            "regions confirmed it) and the others' ranks never got its result. The regions "
+            "cannot continue in step: restart every rank of the job from its last checkpoint");
       }
       return j.current;
     }

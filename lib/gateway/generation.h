@@ -43,8 +43,10 @@
 //
 // Resume positions: a joining rank may say how many all-reduces of the job its process completed
 // (kJoinJob's resume). A step can succeed in some regions and fail in one whose gateway was
-// killed after it confirmed the result (Commit) and before its rank read it: no protocol closes
-// that window. Then the regions' ranks would go on one step apart, so a join whose regions
+// killed after it confirmed the result (Commit) and before its rank read it, or whose link to
+// one peer went down just after it sent its confirmation, so that the peer's confirmation came
+// only after the step's deadline (bench/chaos.sh's flap of one pair saw this): no protocol
+// closes that window. Then the regions' ranks would go on one step apart, so a join whose regions
 // resume at different positions is refused everywhere with kFailedPrecondition naming them --
 // a clear error instead of a silent sum of different steps.
 // A message of another version, an unknown kind or a bad length is refused with kDataLoss naming
