@@ -401,6 +401,19 @@ for scn in scenarios:
     partial = sum(1 for c in classes.values() if "ok" in c and "failed" in c)
     n = lambda k: sum(int(s.get(k, 0) or 0) for s in sums.values())
     hangs = len(hung) + n("hangs") + sum(1 for s in sums.values() if not s)
+    # Ranks that stopped for good because no new comm could be made (soak_rank's exit no_comm),
+    # and the first refusal they saw: the job cannot go on there, whatever the other columns say.
+    gave_up = sorted(k for k, s in sums.items() if s.get("exit") == "no_comm")
+    refusal = ""
+    for k in gave_up:
+        with open(os.path.join(d, "rank_" + k + ".log")) as f:
+            for line in f:
+                p = line.split(maxsplit=5)
+                if len(p) == 6 and p[0] == "init" and p[3] == "failed":
+                    refusal = p[5].strip()
+                    break
+        if refusal:
+            break
     odd = []
     for k, rows in logs.items():
         for r in rows:
@@ -409,7 +422,8 @@ for scn in scenarios:
     row = {"scenario": name, "compression": comp, "ranks_per_region": int(shards),
            "calls": n("calls"), "ok": n("ok"), "failed": n("failed"), "wrong": n("wrong"),
            "mixed": n("mixed"), "split": split, "partial": partial, "hangs": hangs, "faults": faults,
-           "unrecovered": unrecovered,
+           "unrecovered": unrecovered, "gave_up": gave_up, "refusal": refusal,
+           "ranks": len(logs),
            "recovery_max_ms": max(rec) if rec else None,
            "recovery_median_ms": statistics.median(rec) if rec else None,
            "baseline_mib_s": round(base_mbs, 2), "between_faults_mib_s": round(between_mbs, 2),
@@ -449,6 +463,9 @@ else:
     for r in out:
         for o in r["odd"]:
             print(f"# {r['scenario']}: {o}")
+        if r["gave_up"]:
+            print(f"# {r['scenario']}: {len(r['gave_up'])} of {r['ranks']} ranks gave up (no new "
+                  f"comm within the recovery deadline), the first refusal: {r['refusal'][:700]}")
 sys.exit(1 if bad else 0)
 EOF
 exit "$rc"
