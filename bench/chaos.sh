@@ -330,6 +330,15 @@ def steps(path):
                              "hash": p[6], "rest": " ".join(p[7:])})
     return rows
 
+def first_refusal(path):
+    # The message of a rank's first failed comm creation ("init START END failed CODE MESSAGE").
+    with open(path) as f:
+        for line in f:
+            p = line.split(maxsplit=5)
+            if len(p) == 6 and p[0] == "init" and p[3] == "failed":
+                return p[5].strip()
+    return ""
+
 def summary(path):
     kv = {}
     if os.path.exists(path):
@@ -404,16 +413,8 @@ for scn in scenarios:
     # Ranks that stopped for good because no new comm could be made (soak_rank's exit no_comm),
     # and the first refusal they saw: the job cannot go on there, whatever the other columns say.
     gave_up = sorted(k for k, s in sums.items() if s.get("exit") == "no_comm")
-    refusal = ""
-    for k in gave_up:
-        with open(os.path.join(d, "rank_" + k + ".log")) as f:
-            for line in f:
-                p = line.split(maxsplit=5)
-                if len(p) == 6 and p[0] == "init" and p[3] == "failed":
-                    refusal = p[5].strip()
-                    break
-        if refusal:
-            break
+    refusal = next((m for k in gave_up
+                    if (m := first_refusal(os.path.join(d, "rank_" + k + ".log")))), "")
     odd = []
     for k, rows in logs.items():
         for r in rows:
