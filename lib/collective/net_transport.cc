@@ -220,6 +220,8 @@ uint64_t NetTransport::PeerRestarts() const {
   return shared_->restarts;
 }
 
+void NetTransport::Forget(uint64_t op_id) { shared_->mailbox.Discard(op_id); }
+
 size_t NetTransport::BufferedMessages() const { return shared_->mailbox.BufferedMessages(); }
 
 const Mailbox& NetTransport::mailbox() const { return shared_->mailbox; }

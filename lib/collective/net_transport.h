@@ -127,6 +127,11 @@ class NetTransport final : public Transport {
                      int64_t* arrived_ns) override;
   void Abort(uint64_t op_id, const Status& why, const std::string& note = "") override;
 
+  // Drops this rank's buffered messages of `op_id` and those that arrive later, telling no
+  // peer: for an operation that ended here without taking all of them (the gateway's commit,
+  // when a relay stood in for a peer's direct confirmation). Thread-safe; never blocks.
+  void Forget(uint64_t op_id);
+
   // Messages received and not yet taken (for tests and metrics).
   size_t BufferedMessages() const;
   // The mailbox (for tests and metrics: dropped messages, forgotten ops).

@@ -290,7 +290,7 @@ Status AllReduceService::Run(const Message& request, Operation* op,
   } else {
     s = collective::AllReduce(*g_.transport, op->req, stats);
     // Every region's gateway confirms it holds the result before any answers its rank.
-    if (s.ok()) s = g_.ConfirmCommit(op->req.op_id, op->req.deadline);
+    if (s.ok()) s = g_.ConfirmCommit(op->req.op_id, request.job, op->req.deadline);
   }
   if (s.ok()) counters_.allreduce_ns += MonotonicNanos() - started;
   return s;

@@ -23,7 +23,9 @@
 //     naming that region and its reason; a peer that had not started that step yet fails it at
 //     once when it does (the transport remembers aborted op ids).
 //   - A successful all-reduce answers its rank only after every gateway confirmed it holds the
-//     whole result (Commit): a gateway killed mid-step makes every region fail that step.
+//     whole result (Commit): a gateway killed mid-step makes every region fail that step. Each
+//     confirmation is relayed by the regions that received it, so that one region pair's link
+//     cut while the step commits does not make only those two fail it (commit.cc).
 //   - A gateway that hears a newer generation of a job (some region's ranks created a new comm,
 //     after a failure or a gateway restart) aborts its operations of older generations at once
 //     and refuses later requests of them, so every rank fails and recreates its comm, and the new

@@ -57,6 +57,7 @@
 #include "gateway/local_server.h"
 #include "gateway/metrics.h"
 #include "gateway/policy.h"
+#include "gateway/relayed_confirmations.h"
 #include "gateway/straggler.h"
 #include "gateway/tunnel.h"
 #include "localproto/frame_io.h"
@@ -116,6 +117,7 @@ struct PeerControl {
   // kRatesChannel arrive here.
   std::unique_ptr<WeightsAgreement> weights_agreement;
   CommittedResults results;
+  RelayedConfirmations relayed;  // commit confirmations relayed by third regions (commit.cc)
 };
 
 // The region all-reduce's state (region.cc; "Region all-reduce" in gateway.h): the region's
@@ -307,8 +309,13 @@ struct Gateway::Impl {
                                                   uint64_t sequence, Deadline deadline);
   // After a successful all-reduce: every gateway confirms it holds the result before any
   // answers its rank, so a step fails in every region or in none (short of a crash in the few
-  // microseconds between two sends).
-  Status ConfirmCommit(uint64_t op_id, Deadline deadline);
+  // microseconds between two sends). Each confirmation received is relayed to the other regions
+  // (kConfirmed on the generation channel, which needs the op's `job` for its header), and a
+  // relay counts as the confirmation itself: one region pair cut while the step commits no
+  // longer leaves those two failing it at their deadline while the third succeeds (commit.cc).
+  Status ConfirmCommit(uint64_t op_id, const std::string& job, Deadline deadline);
+  // Generation-channel kind kConfirmed from `peer` (I/O thread; never blocks).
+  void OnConfirmedMessage(int peer, std::span<const uint8_t> message);
   // kJoinJob: agrees on the job's next generation with every peer (generation.h); blocks up to
   // the request's deadline.
   Message HandleJoin(Message& request);

@@ -39,14 +39,17 @@
 //    28    J job
 //    28+J  . announce: the identity text (at most kMaxIdentityBytes); fetched: the result
 // Kinds 4 and 5 (kFetch: generation, sequence; kFetched: generation, sequence, found 0/1, then
-// the result) are the gateway's result recovery (gateway_impl.h); Generations refuses them.
+// the result) are the gateway's result recovery, and kind 6 (kConfirmed: op id, the region's
+// rank, 0) a commit confirmation relayed by a third region (gateway_impl.h, ConfirmCommit);
+// Generations refuses them.
 //
 // Resume positions: a joining rank may say how many all-reduces of the job its process completed
 // (kJoinJob's resume). A step can succeed in some regions and fail in one whose gateway was
-// killed after it confirmed the result (Commit) and before its rank read it, or whose link to
-// one peer went down just after it sent its confirmation, so that the peer's confirmation came
-// only after the step's deadline (bench/chaos.sh's flap of one pair saw this): no protocol
-// closes that window. Then the regions' ranks would go on one step apart, so a join whose regions
+// killed after it confirmed the result (Commit) and before its rank read it, or whose links
+// went down just as the regions confirmed it, so that a confirmation came only after the step's
+// deadline. (One pair cut, as bench/chaos.sh's flap saw, is covered: the third region relays each
+// confirmation, gateway_impl.h's ConfirmCommit; cuts that isolate a region are not, and no
+// protocol closes that window.) Then the regions' ranks would go on one step apart, so a join whose regions
 // resume at different positions is refused everywhere with kFailedPrecondition naming them --
 // a clear error instead of a silent sum of different steps.
 // A message of another version, an unknown kind or a bad length is refused with kDataLoss naming
@@ -86,6 +89,7 @@ enum class GenerationMessageKind : uint8_t {
   kAnnounce = 3,
   kFetch = 4,    // "send me your committed result of (generation, sequence)" (the gateway's)
   kFetched = 5,  // the answer: found (1) and the result as payload, or not (0)
+  kConfirmed = 6,  // "region b confirmed operation a" (relayed; the gateway's ConfirmCommit)
 };
 // The header of every generation-channel message (layout above); kFetch / kFetched use it with
 // (generation, sequence, found) and carry the result after the job.

@@ -2,7 +2,7 @@
 // gateway_impl.h for the state, PeerControl, and the locking). The router hands each link
 // channel range to its owner; the regions agree on each job's policy (policy.h) and on shard
 // weights from measured link rates; kJoinJob agrees on a job's next generation (generation.h);
-// after an all-reduce every gateway confirms it holds the result (Commit); kFetchResult recovers
+// after an all-reduce every gateway confirms it holds the result (commit.cc); kFetchResult recovers
 // a committed result from a peer. Messages arrive on the endpoint's I/O thread and never block;
 // the request handlers here block up to their request's deadline.
 #include <algorithm>
@@ -66,6 +66,11 @@ void Gateway::Impl::OnGenerationMessage(int peer, std::vector<uint8_t> message) 
       (message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetch) ||
        message[1] == static_cast<uint8_t>(GenerationMessageKind::kFetched))) {
     OnFetchMessage(peer, message);
+    return;
+  }
+  if (message.size() >= 2 &&
+      message[1] == static_cast<uint8_t>(GenerationMessageKind::kConfirmed)) {
+    OnConfirmedMessage(peer, message);
     return;
   }
   auto effects = generations->OnMessage(peer, message);
@@ -181,29 +186,7 @@ void Gateway::Impl::SendToPeers(uint32_t channel, const std::vector<uint8_t>& me
   SendToPeers(message, everyone, channel);
 }
 
-// ---- The commit confirmation and result recovery ---------------------------------------------
-
-Status Gateway::Impl::ConfirmCommit(uint64_t op_id, Deadline deadline) {
-  // Each gateway says it holds the whole result, then waits for every other one to say so: a
-  // gateway killed before it had everything makes every region fail the step, not just its own.
-  const uint64_t tag =
-      collective::MakeTag(op_id, collective::TagPhase::kMeshScatter, collective::kCommitChunk);
-  const int n = static_cast<int>(world.size());
-  for (int p = 0; p < n; ++p) {
-    if (p != rank) transport->Send(p, tag, std::vector<uint8_t>{1}, deadline, [](Status) {});
-  }
-  std::vector<uint8_t> got;
-  for (int p = 0; p < n; ++p) {
-    if (p == rank) continue;
-    if (Status s = transport->Recv(p, tag, deadline, &got); !s.ok()) {
-      s = s.WithContext("waiting for " + world[static_cast<size_t>(p)] +
-                        " to confirm it holds the result");
-      transport->Abort(op_id, s);
-      return s;
-    }
-  }
-  return Status::Ok();
-}
+// ---- Result recovery (the commit confirmation is in commit.cc) -------------------------------
 
 void Gateway::Impl::OnFetchMessage(int peer, std::span<const uint8_t> m) {
   constexpr size_t kHead = kGenerationHeaderBytes;

@@ -11,7 +11,8 @@
 //           needs every gateway to have joined the new generation (see gateway.h).
 // A second test has one region's client come to step 2 only after the other two failed it (its
 // gateway heard their aborts first): its step 2 fails at once too, and step 3 matches on all
-// three. (A client that skips a step altogether breaks the contract every rank keeps -- the same
+// three. A third test cuts one region pair just as the regions confirm a step: the third region
+// relays the confirmations, and all three commit it. (A client that skips a step altogether breaks the contract every rank keeps -- the same
 // all-reduces in the same order, as with NCCL -- and is not recovered from.)
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/wanem/emulator.h"
 #include "bench/wanem/netns.h"
 #include "common/clock.h"
 #include "localproto/client.h"
@@ -282,6 +284,75 @@ TEST(StraitdLateStep, ARegionLateToAFailedStepFailsItTooAndStaysInStep) {
   EXPECT_LT(late.seconds[1], kDeadlineSeconds / 2.0) << "r1 waited instead of failing on the abort";
   {
     SCOPED_TRACE("step 3");
+    ExpectCorrectAndIdentical(RunStep(clients, {0, 1, 2}, 3), 3);
+  }
+}
+
+// A region pair cut while the regions confirm a step (bench/chaos.sh's flap of one pair found
+// this): r1's and r2's confirmations to each other are lost, while r0 holds both. A one-element
+// tensor is owned by r0 alone (collective/plan.h), so r1 and r2 exchange nothing but control
+// messages, and the cut hits exactly the commit confirmation, every time. r0 relays each
+// confirmation it received to the third region (gateway_impl.h, ConfirmCommit), so every region
+// commits the step -- without the relay r0 committed and r1 and r2 failed at their deadline,
+// leaving the regions a step apart. Step 3, with the pair back, proves they stayed in step.
+TEST(StraitdCutPair, APairCutDuringTheCommitStillCommitsTheStepEverywhere) {
+  if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
+    GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
+  }
+  WanClusterOptions o;
+  o.straitd = STRAITD_PATH;
+  o.name = "cut" + std::to_string(::getpid() % 100000);
+  o.regions = kRegions;
+  o.ranks_per_region = 1;
+  o.link = "rate=100mbit,delay=10ms";
+  o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
+  auto cluster = WanCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WanCluster& c = **cluster;
+  std::vector<std::unique_ptr<Client>> clients(kRegions);
+  for (int r = 0; r < kRegions; ++r) {
+    auto client = Connect(c, r);
+    ASSERT_TRUE(client.ok()) << WanCluster::RegionName(r) << ": " << client.status();
+    clients[static_cast<size_t>(r)] = std::move(client).value();
+  }
+  {
+    SCOPED_TRACE("step 1");
+    ExpectCorrectAndIdentical(RunStep(clients, {0, 1, 2}, 1), 1);
+  }
+  const wanem::LinkParams up = c.emulator().Stats().params[1][2];
+  wanem::LinkParams down = up;
+  down.loss = 1.0;
+  ASSERT_TRUE(c.emulator().SetLink(1, 2, down).ok());
+  ASSERT_TRUE(c.emulator().SetLink(2, 1, down).ok());
+  std::vector<Status> status(kRegions);
+  std::vector<float> value(kRegions);
+  std::vector<double> seconds(kRegions);
+  {
+    Stopwatch watch;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRegions; ++r) {
+      threads.emplace_back([&, r] {
+        const size_t i = static_cast<size_t>(r);
+        value[i] = static_cast<float>(r + 1);
+        status[i] = clients[i]->AllReduce(kJob, "one", DataType::kFloat32, ReduceOp::kSum,
+                                          &value[i], 1,
+                                          Deadline::AfterSeconds(kDeadlineSeconds + 20));
+        seconds[i] = watch.ElapsedSeconds();
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(c.emulator().SetLink(1, 2, up).ok());
+  ASSERT_TRUE(c.emulator().SetLink(2, 1, up).ok());
+  for (int r = 0; r < kRegions; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    EXPECT_TRUE(status[i].ok()) << WanCluster::RegionName(r) << " (r1-r2 cut): " << status[i];
+    EXPECT_EQ(value[i], 6.0f) << WanCluster::RegionName(r);
+    // A relayed confirmation arrives a few milliseconds after the direct one would have.
+    EXPECT_LT(seconds[i], kDeadlineSeconds / 2.0) << WanCluster::RegionName(r);
+  }
+  {
+    SCOPED_TRACE("step 3, the pair back up");
     ExpectCorrectAndIdentical(RunStep(clients, {0, 1, 2}, 3), 3);
   }
 }
