@@ -12,8 +12,9 @@
 // A second test has one region's client come to step 2 only after the other two failed it (its
 // gateway heard their aborts first): its step 2 fails at once too, and step 3 matches on all
 // three. A third test cuts one region pair just as the regions confirm a step: the third region
-// relays the confirmations, and all three commit it. (A client that skips a step altogether breaks the contract every rank keeps -- the same
-// all-reduces in the same order, as with NCCL -- and is not recovered from.)
+// relays the confirmations, and all three commit it. (A client that skips a step altogether
+// breaks the contract every rank keeps -- the same all-reduces in the same order, as with NCCL --
+// and is not recovered from.)
 #include <gtest/gtest.h>
 
 #include <cstring>
