@@ -19,6 +19,7 @@
 #include "common/units.h"
 #include "gateway/config_reader.h"
 #include "gateway/policy.h"
+#include "net/socket_options.h"
 
 namespace strait::gateway {
 namespace {
@@ -428,8 +429,17 @@ Status ReadLink(Reader& top, const std::string& file, GatewayConfig* c) {
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("handshake_timeout", &c->link.handshake_timeout_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("unreachable_after", &c->link.unreachable_after_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("stream_timeout", &c->link.stream_timeout_ns));
+  STRAIT_RETURN_IF_ERROR(r.ReadDuration("tcp_rto_max", &c->link.tcp_rto_max_ns));
+  if (const toml::node* n = r.Get("tcp_rto_max");
+      n != nullptr && (c->link.tcp_rto_max_ns < net::kMinTcpRtoMaxNs ||
+                       c->link.tcp_rto_max_ns > net::kMaxTcpRtoMaxNs)) {
+    return r.Error(n->source(), "link.tcp_rto_max",
+                   "found \"" + std::string(*n->value<std::string>()) +
+                       "\"; allowed: a duration from 1s to 120s (the kernel's bounds)");
+  }
   return r.CheckNoUnknownKeys({"streams", "adapt_streams", "congestion_control", "max_rate",
-                               "handshake_timeout", "unreachable_after", "stream_timeout"});
+                               "handshake_timeout", "unreachable_after", "stream_timeout",
+                               "tcp_rto_max"});
 }
 
 Status ReadPolicy(Reader& top, const std::string& file, GatewayConfig* c) {

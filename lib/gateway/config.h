@@ -31,6 +31,7 @@
 //   handshake_timeout = "5s"
 //   unreachable_after = "30s"
 //   stream_timeout = "10s"
+//   tcp_rto_max = "1s"            # TCP's retransmission backoff cap: resume soon after outages
 //   [policy]                      # job compression: defaults and the operator's limits
 //   codec = "auto"                # the default for jobs: auto, auto:int8, none, zstd, int8, ...
 //                                 # (any job policy string; see policy.h)

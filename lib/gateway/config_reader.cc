@@ -41,6 +41,7 @@ constexpr std::string_view kKnownKeys[] = {
     "link.handshake_timeout",
     "link.unreachable_after",
     "link.stream_timeout",
+    "link.tcp_rto_max",
     "policy.codec",
     "policy.error_feedback",
     "policy.min_lossy_bytes",

@@ -299,6 +299,10 @@ Status CheckOptions(const EndpointOptions& o) {
     return InvalidArgumentError("link timeouts and limits must be positive, with "
                                 "redial_max >= redial_initial and stream_timeout > ping_interval");
   }
+  if (l.tcp_rto_max_ns != 0 &&
+      (l.tcp_rto_max_ns < kMinTcpRtoMaxNs || l.tcp_rto_max_ns > kMaxTcpRtoMaxNs)) {
+    return InvalidArgumentError("tcp_rto_max must be 0 (the kernel's) or 1s .. 120s");
+  }
   return Status::Ok();
 }
 

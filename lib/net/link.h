@@ -118,6 +118,12 @@ struct LinkOptions {
   // nothing at all arrived on it for stream_timeout_ns.
   int64_t ping_interval_ns = 200'000'000;
   int64_t stream_timeout_ns = int64_t{10'000'000'000};
+  // The longest a stream's TCP retransmission timer backs off to (TCP_RTO_MAX_MS, Linux 6.15+;
+  // an older kernel keeps its 120 s and this is ignored): during an outage TCP doubles the timer
+  // at each retransmission, so a stream resumed only at the next one after the path came back --
+  // a 3 s outage cost up to 7.3 s. Capped, it resumes within this of the path's return.
+  // 0 = the kernel's; else 1 s .. 120 s (the kernel's bounds).
+  int64_t tcp_rto_max_ns = 1'000'000'000;
 };
 
 struct EndpointOptions {

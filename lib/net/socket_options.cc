@@ -62,6 +62,34 @@ Status SetNotSentLowat(int fd, uint32_t bytes) {
   return Status::Ok();
 }
 
+// Linux 6.15's <linux/tcp.h>; Debian 12's headers predate it.
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44
+#endif
+
+Status SetTcpRtoMax(int fd, int64_t nanos) {
+  if (nanos == 0) return Status::Ok();
+  if (nanos < kMinTcpRtoMaxNs || nanos > kMaxTcpRtoMaxNs) {
+    return InvalidArgumentError("TCP_RTO_MAX_MS: " + std::to_string(nanos) +
+                                " ns is outside 1 s .. 120 s");
+  }
+  const int ms = static_cast<int>(nanos / 1'000'000);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof(ms)) == 0 || errno == ENOPROTOOPT) {
+    return Status::Ok();
+  }
+  return Errno("setsockopt(TCP_RTO_MAX_MS)");
+}
+
+StatusOr<int64_t> GetTcpRtoMax(int fd) {
+  int ms = 0;
+  socklen_t len = sizeof(ms);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, &len) != 0) {
+    if (errno == ENOPROTOOPT) return UnimplementedError("this kernel has no TCP_RTO_MAX_MS");
+    return Errno("getsockopt(TCP_RTO_MAX_MS)");
+  }
+  return int64_t{ms} * 1'000'000;
+}
+
 Status SetMaxPacingRate(int fd, uint64_t bytes_per_second) {
   // The kernel's "no cap" is all ones (~0UL); it takes an unsigned long since Linux 4.20.
   const unsigned long value = bytes_per_second == 0 ? ~0UL : bytes_per_second;

@@ -20,6 +20,15 @@ Status SetCongestionControl(int fd, std::string_view name);
 // unsent in the kernel; 0 leaves it unset. Keeps per-stream queues short so that chunks go to
 // the streams that are actually moving.
 Status SetNotSentLowat(int fd, uint32_t bytes);
+// The bounds the kernel takes for TCP_RTO_MAX_MS.
+inline constexpr int64_t kMinTcpRtoMaxNs = 1'000'000'000;
+inline constexpr int64_t kMaxTcpRtoMaxNs = 120'000'000'000;
+// Caps the socket's retransmission timeout at `nanos` (TCP_RTO_MAX_MS, whole milliseconds within
+// the bounds above); 0 leaves the kernel's. A kernel without the option (before Linux 6.15) is
+// not an error: the cap is a recovery speed-up, and the kernel's 120 s still works.
+Status SetTcpRtoMax(int fd, int64_t nanos);
+// The socket's TCP_RTO_MAX_MS in nanoseconds; kUnimplemented on a kernel without it.
+StatusOr<int64_t> GetTcpRtoMax(int fd);
 Status SetNoDelay(int fd);
 
 struct TcpInfo {

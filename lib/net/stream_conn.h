@@ -71,6 +71,7 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
     const int fd = Lowest().native_handle();
     STRAIT_RETURN_IF_ERROR(SetNoDelay(fd));
     STRAIT_RETURN_IF_ERROR(SetCongestionControl(fd, options.congestion_control));
+    STRAIT_RETURN_IF_ERROR(SetTcpRtoMax(fd, options.tcp_rto_max_ns));
     return SetNotSentLowat(fd, options.notsent_lowat);
   }
 

@@ -205,8 +205,8 @@ std::string Fingerprint(const GatewayConfig& c) {
   os << "|link " << c.link.streams << " " << c.link.min_streams << " " << c.link.max_streams << " "
      << c.link.adapt_streams << " " << c.link.congestion_control << " "
      << c.link.handshake_timeout_ns << " " << c.link.unreachable_after_ns << " "
-     << c.link.stream_timeout_ns << "|policy " << c.policy.default_codec << " "
-     << c.policy.default_error_feedback << " " << c.policy.min_lossy_bytes << " "
+     << c.link.stream_timeout_ns << " " << c.link.tcp_rto_max_ns << "|policy "
+     << c.policy.default_codec << " " << c.policy.default_error_feedback << " " << c.policy.min_lossy_bytes << " "
      << c.policy.max_relative_error << " codecs";
   for (CodecId id : c.policy.allowed_codecs) os << " " << static_cast<int>(id);
   os << "|allreduce " << c.allreduce_deadline_ns << " " << c.shutdown_grace_ns << " chunk "
@@ -237,6 +237,7 @@ const std::set<std::string>& FingerprintedKeys() {
                                              "link.handshake_timeout",
                                              "link.unreachable_after",
                                              "link.stream_timeout",
+                                             "link.tcp_rto_max",
                                              "policy.codec",
                                              "policy.error_feedback",
                                              "policy.min_lossy_bytes",

@@ -61,6 +61,7 @@ TEST(GatewayConfig, ParsesAGoodFile) {
   EXPECT_EQ(c->link.streams, 8);
   EXPECT_EQ(c->link.congestion_control, "bbr");
   EXPECT_EQ(c->link.unreachable_after_ns, 45'000'000'000);
+  EXPECT_EQ(c->link.tcp_rto_max_ns, 1'000'000'000);  // the default
   EXPECT_EQ(c->policy.default_codec, "int8");
   EXPECT_FALSE(c->policy.default_error_feedback);
   EXPECT_EQ(c->policy.min_lossy_bytes, 1u << 20);
@@ -184,6 +185,10 @@ const BadCase kBadCases[] = {
      "f.toml:21:21: link.unreachable_after: found \"45\"; allowed: a positive duration string"},
     {"duration wrong type", "unreachable_after = \"45s\"", "unreachable_after = 45",
      "link.unreachable_after: found an integer; allowed: a positive duration"},
+    {"tcp rto max below the kernel's bound", "streams = 8", "streams = 8\ntcp_rto_max = \"200ms\"",
+     "link.tcp_rto_max: found \"200ms\"; allowed: a duration from 1s to 120s"},
+    {"tcp rto max above the kernel's bound", "streams = 8", "streams = 8\ntcp_rto_max = \"5m\"",
+     "link.tcp_rto_max: found \"5m\"; allowed: a duration from 1s to 120s"},
     {"max rate without a unit", "streams = 8", "streams = 8\nmax_rate = \"100\"",
      "link.max_rate: found \"100\"; allowed: a rate string of at least 1mbit"},
     {"max rate below 1 Mbit/s", "streams = 8", "streams = 8\nmax_rate = \"500kbit\"",
