@@ -32,7 +32,8 @@
 # instead (every fault's recovery included).
 # SCENARIOS ("kill flap sskill stop lossy ranks2"), CYCLES (10), BASE_S (20), SETTLE_S (8),
 # RECOVER_S (60: how long to wait for every rank to recover before the next fault anyway),
-# COUNT (1048576 fp32), LINK (100mbit,20ms), TIMEOUT_MS (10000: the comms' timeout_ms) override.
+# COUNT (1048576 fp32), LINK (100mbit,20ms), TIMEOUT_MS (10000: the comms' timeout_ms), RTO_MAX
+# (straitd's link.tcp_rto_max, 1s; 120s is the kernel's uncapped backoff, for a baseline) override.
 # Rank logs stay in the printed directory when KEEP=1.
 # Exit code: 0 when no scenario had a wrong, mixed or split result or a hang (a missed recovery or
 # throughput goal still exits 0), 1 otherwise, 2 for a setup problem.
@@ -50,6 +51,7 @@ RECOVER_S=${RECOVER_S:-60}
 COUNT=${COUNT:-1048576}
 LINK=${LINK:-100mbit,20ms}
 TIMEOUT_MS=${TIMEOUT_MS:-10000}
+RTO_MAX=${RTO_MAX:-1s}
 KEEP=${KEEP:-0}
 NAME=chaos
 REGIONS=3
@@ -121,6 +123,7 @@ write_config() {  # dir region shard
     echo "[link]"
     echo "streams = 2"
     echo "unreachable_after = \"10s\""
+    echo "tcp_rto_max = \"$RTO_MAX\""
     echo "[policy]"
     echo 'allowed_codecs = ["none", "zstd", "int8", "int4", "fp8"]'
     echo "max_relative_error = 1.0"
@@ -184,7 +187,7 @@ run_scenario() {
   : >"$SDIR/faults"
   DPIDS=(); RPIDS=(); STARTS=()
   [[ $comp == none ]] || lossy=(--lossy)
-  log "$scn: strait-wanem $LINK, $REGIONS regions x $shards rank(s), compression $comp"
+  log "$scn: strait-wanem $LINK, $REGIONS regions x $shards rank(s), compression $comp, link.tcp_rto_max $RTO_MAX"
   "$WANEM" down --name "$NAME" >/dev/null 2>&1 || true
   local up=(up --name "$NAME" --regions "$REGIONS" --link "$LINK")
   [[ -n $sched ]] && up+=(--schedule "$sched")

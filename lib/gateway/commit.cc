@@ -54,28 +54,26 @@ Status Gateway::Impl::ConfirmCommit(uint64_t op_id, const std::string& job, Dead
     peer_control.relayed.Forget(op_id);
     return s;
   };
+  // Tells the regions that may not hear from p directly (n == 2: nobody) that p confirmed.
+  const auto relay = [&](int p) {
+    std::vector<int> others;
+    for (int q = 0; q < n; ++q) {
+      if (q != rank && q != p) others.push_back(q);
+    }
+    if (others.empty()) return;
+    SendToPeers(EncodeGenerationMessage(GenerationMessageKind::kConfirmed, job, op_id,
+                                        static_cast<uint64_t>(p), 0),
+                others, kGenerationChannel);
+  };
   std::vector<uint8_t> got;
   while (!pending.empty()) {
     for (size_t i = 0; i < pending.size();) {
       const int p = pending[i];
       const Deadline slice = Deadline::After(std::min(deadline.RemainingNanos(), kConfirmSliceNs));
-      bool confirmed = peer_control.relayed.Has(op_id, p);
-      by_relay = by_relay || confirmed;
-      Status s;
-      if (!confirmed) s = transport->Recv(p, tag, slice, &got);
-      if (!confirmed && s.ok()) {
-        confirmed = true;
-        // Tell the regions that may not hear from p directly (n == 2: nobody).
-        std::vector<int> others;
-        for (int q = 0; q < n; ++q) {
-          if (q != rank && q != p) others.push_back(q);
-        }
-        if (!others.empty()) {
-          SendToPeers(EncodeGenerationMessage(GenerationMessageKind::kConfirmed, job, op_id,
-                                              static_cast<uint64_t>(p), 0),
-                      others, kGenerationChannel);
-        }
-      } else if (!confirmed) {
+      bool relayed = peer_control.relayed.Has(op_id, p);
+      const Status s = relayed ? Status::Ok() : transport->Recv(p, tag, slice, &got);
+      if (!relayed && s.ok()) relay(p);
+      if (!s.ok()) {
         if (s.code() == StatusCode::kAborted || s.code() == StatusCode::kCancelled) {
           return fail(p, s);
         }
@@ -85,12 +83,12 @@ Status Gateway::Impl::ConfirmCommit(uint64_t op_id, const std::string& job, Dead
           gone.erase(p);  // its link works (again): a direct confirmation can still come
         } else {
           gone[p] = s;
-          confirmed = peer_control.relayed.WaitFor(op_id, p, slice);
-          by_relay = by_relay || confirmed;
+          relayed = peer_control.relayed.WaitFor(op_id, p, slice);
         }
-        if (!confirmed && deadline.Expired()) return fail(p, s);
+        if (!relayed && deadline.Expired()) return fail(p, s);
       }
-      if (confirmed) {
+      by_relay = by_relay || relayed;
+      if (s.ok() || relayed) {
         gone.erase(p);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
