@@ -84,6 +84,17 @@ Message Gateway::Impl::Handle(Message& request) {
       os << "slow_peers " << stragglers->SlowText() << "\n";
       // Operations numbered and announced to the peers that have not ended (0 when idle).
       os << "numbered_ops_in_flight " << generations->OpsInFlight() << "\n";
+      // Peer regions whose link is up (not ended past link.unreachable_after or by a restart).
+      int links_up = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (size_t p = 0; p < links.size(); ++p) {
+          if (static_cast<int>(p) != rank && links[p] != nullptr && !links[p]->Estimates().ended) {
+            ++links_up;
+          }
+        }
+      }
+      os << "peer_links_up " << links_up << "\n";
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_state.allreduce_ok << "\nregion_bytes_sent "
          << region_state.bytes_sent << "\nregion_bytes_received " << region_state.bytes_received

@@ -11,8 +11,9 @@
 //           needs every gateway to have joined the new generation (see gateway.h).
 // A second test has one region's client come to step 2 only after the other two failed it (its
 // gateway heard their aborts first): its step 2 fails at once too, and step 3 matches on all
-// three. A third test cuts one region pair just as the regions confirm a step: the third region
-// relays the confirmations, and all three commit it. (A client that skips a step altogether
+// three. Two more cut one region pair just as the regions confirm a step (one briefly, one past
+// link.unreachable_after, so that each end sees the other gone): the third region relays the
+// confirmations, and all three commit it. (A client that skips a step altogether
 // breaks the contract every rank keeps -- the same all-reduces in the same order, as with NCCL --
 // and is not recovered from.)
 #include <gtest/gtest.h>
@@ -113,9 +114,10 @@ int64_t Counter(const std::string& stats, const std::string& name) {
   return std::stoll(stats.substr(at + name.size() + 1));
 }
 
-// Polls region r's stats until counter `name` reaches `want` or the deadline passes.
-int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name, int64_t want,
-                       Deadline deadline) {
+// Polls region r's stats until counter `name` satisfies `done` or the deadline passes; returns
+// its last value (-1: not read).
+int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name,
+                       const std::function<bool(int64_t)>& done, Deadline deadline) {
   int64_t value = -1;
   auto client = Client::Connect(cluster.Socket(r, 0), Deadline::AfterSeconds(5));
   if (!client.ok()) return value;
@@ -123,9 +125,16 @@ int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name
     auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
     if (!stats.ok()) return value;
     value = Counter(*stats, name);
-    if (value >= want || deadline.Expired()) return value;
+    if (done(value) || deadline.Expired()) return value;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// ... until it reaches `want`.
+int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name, int64_t want,
+                       Deadline deadline) {
+  return WaitForCounter(
+      cluster, r, name, [want](int64_t v) { return v >= want; }, deadline);
 }
 
 void ExpectCorrectAndIdentical(const StepResult& result, int step) {
@@ -289,42 +298,46 @@ TEST(StraitdLateStep, ARegionLateToAFailedStepFailsItTooAndStaysInStep) {
   }
 }
 
-// A region pair cut while the regions confirm a step (bench/chaos.sh's flap of one pair found
-// this): r1's and r2's confirmations to each other are lost, while r0 holds both. A one-element
-// tensor is owned by r0 alone (collective/plan.h), so r1 and r2 exchange nothing but control
-// messages, and the cut hits exactly the commit confirmation, every time. r0 relays each
-// confirmation it received to the third region (gateway_impl.h, ConfirmCommit), so every region
-// commits the step -- without the relay r0 committed and r1 and r2 failed at their deadline,
-// leaving the regions a step apart. Step 3, with the pair back, proves they stayed in step.
-TEST(StraitdCutPair, APairCutDuringTheCommitStillCommitsTheStepEverywhere) {
-  if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
-    GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
-  }
+// The cut-pair tests: three regions, one client each, step 1 done.
+struct CutPairCluster {
+  std::unique_ptr<WanCluster> cluster;
+  std::vector<std::unique_ptr<Client>> clients = std::vector<std::unique_ptr<Client>>(kRegions);
+};
+// `link_ends_after` is link.stream_timeout and link.unreachable_after alike.
+void StartCutPairCluster(const std::string& name, const std::string& link_ends_after,
+                         CutPairCluster* out) {
   WanClusterOptions o;
   o.straitd = STRAITD_PATH;
-  o.name = "cut" + std::to_string(::getpid() % 100000);
+  o.name = name + std::to_string(::getpid() % 100000);
   o.regions = kRegions;
   o.ranks_per_region = 1;
   o.link = "rate=100mbit,delay=10ms";
   o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
+  o.stream_timeout = o.unreachable_after = link_ends_after;
   auto cluster = WanCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  WanCluster& c = **cluster;
-  std::vector<std::unique_ptr<Client>> clients(kRegions);
+  out->cluster = std::move(cluster).value();
   for (int r = 0; r < kRegions; ++r) {
-    auto client = Connect(c, r);
+    auto client = Connect(*out->cluster, r);
     ASSERT_TRUE(client.ok()) << WanCluster::RegionName(r) << ": " << client.status();
-    clients[static_cast<size_t>(r)] = std::move(client).value();
+    out->clients[static_cast<size_t>(r)] = std::move(client).value();
   }
-  {
-    SCOPED_TRACE("step 1");
-    ExpectCorrectAndIdentical(RunStep(clients, {0, 1, 2}, 1), 1);
-  }
-  const wanem::LinkParams up = c.emulator().Stats().params[1][2];
-  wanem::LinkParams down = up;
-  down.loss = 1.0;
-  ASSERT_TRUE(c.emulator().SetLink(1, 2, down).ok());
-  ASSERT_TRUE(c.emulator().SetLink(2, 1, down).ok());
+  SCOPED_TRACE("step 1");
+  ExpectCorrectAndIdentical(RunStep(out->clients, {0, 1, 2}, 1), 1);
+}
+
+// Cuts (loss 1.0 both ways) or restores the r1-r2 pair.
+void SetPairCut(WanCluster& c, const wanem::LinkParams& up, bool cut) {
+  wanem::LinkParams params = up;
+  if (cut) params.loss = 1.0;
+  ASSERT_TRUE(c.emulator().SetLink(1, 2, params).ok());
+  ASSERT_TRUE(c.emulator().SetLink(2, 1, params).ok());
+}
+
+// A one-element all-reduce (r0 owns it alone: collective/plan.h) on every region at once: r1 and
+// r2 exchange nothing but control messages, so a cut between them hits only the commit
+// confirmation. Every region must commit 1 + 2 + 3, long before the deadline.
+void ExpectOneElementStepCommits(std::vector<std::unique_ptr<Client>>& clients) {
   std::vector<Status> status(kRegions);
   std::vector<float> value(kRegions);
   std::vector<double> seconds(kRegions);
@@ -343,8 +356,6 @@ TEST(StraitdCutPair, APairCutDuringTheCommitStillCommitsTheStepEverywhere) {
     }
     for (auto& t : threads) t.join();
   }
-  ASSERT_TRUE(c.emulator().SetLink(1, 2, up).ok());
-  ASSERT_TRUE(c.emulator().SetLink(2, 1, up).ok());
   for (int r = 0; r < kRegions; ++r) {
     const size_t i = static_cast<size_t>(r);
     EXPECT_TRUE(status[i].ok()) << WanCluster::RegionName(r) << " (r1-r2 cut): " << status[i];
@@ -352,10 +363,59 @@ TEST(StraitdCutPair, APairCutDuringTheCommitStillCommitsTheStepEverywhere) {
     // A relayed confirmation arrives a few milliseconds after the direct one would have.
     EXPECT_LT(seconds[i], kDeadlineSeconds / 2.0) << WanCluster::RegionName(r);
   }
-  {
-    SCOPED_TRACE("step 3, the pair back up");
-    ExpectCorrectAndIdentical(RunStep(clients, {0, 1, 2}, 3), 3);
+}
+
+// A region pair cut while the regions confirm a step (bench/chaos.sh's flap of one pair found
+// this): r1's and r2's confirmations to each other are lost, while r0 holds both. r0 relays each
+// confirmation it received to the third region (commit.cc), so every region commits the step --
+// without the relay r0 committed and r1 and r2 failed at their deadline, leaving the regions a
+// step apart. Step 3, with the pair back, proves they stayed in step.
+TEST(StraitdCutPair, APairCutDuringTheCommitStillCommitsTheStepEverywhere) {
+  if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
+    GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
   }
+  CutPairCluster cp;
+  ASSERT_NO_FATAL_FAILURE(StartCutPairCluster("cut", "10s", &cp));
+  WanCluster& c = *cp.cluster;
+  const wanem::LinkParams up = c.emulator().Stats().params[1][2];
+  ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, true));
+  ExpectOneElementStepCommits(cp.clients);
+  ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, false));
+  SCOPED_TRACE("step 3, the pair back up");
+  ExpectCorrectAndIdentical(RunStep(cp.clients, {0, 1, 2}, 3), 3);
+}
+
+// The same pair cut before the step, for longer than link.stream_timeout (its streams declared
+// dead) and link.unreachable_after (no new one) together: r1's and r2's links to each other have
+// ended, the transport reports each the other gone (a receive from it ends at
+// once instead of waiting), and the confirmation can only come relayed through r0 -- which
+// commit.cc waits for a moment after the other regions confirmed rather than failing at once.
+// Once the pair is back the dialing side's new link joins them again, and step 3 matches.
+TEST(StraitdCutPair, APairUnreachableThroughTheCommitIsConfirmedThroughTheThirdRegion) {
+  if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
+    GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
+  }
+  CutPairCluster cp;
+  ASSERT_NO_FATAL_FAILURE(StartCutPairCluster("gone", "1s", &cp));
+  WanCluster& c = *cp.cluster;
+  const wanem::LinkParams up = c.emulator().Stats().params[1][2];
+  ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, true));
+  const auto only_r0 = [](int64_t v) { return v == 1; };
+  for (int r : {1, 2}) {
+    ASSERT_EQ(WaitForCounter(c, r, "peer_links_up", only_r0, Deadline::AfterSeconds(20)), 1)
+        << WanCluster::RegionName(r) << "'s link to the other end of the cut did not end\n"
+        << c.Logs(r, 0);
+  }
+  ExpectOneElementStepCommits(cp.clients);
+  ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, false));
+  const auto both = [](int64_t v) { return v == 2; };
+  for (int r : {1, 2}) {
+    ASSERT_EQ(WaitForCounter(c, r, "peer_links_up", both, Deadline::AfterSeconds(30)), 2)
+        << WanCluster::RegionName(r) << " did not get its link to the other end back\n"
+        << c.Logs(r, 0);
+  }
+  SCOPED_TRACE("step 3, the pair back up");
+  ExpectCorrectAndIdentical(RunStep(cp.clients, {0, 1, 2}, 3), 3);
 }
 
 }  // namespace

@@ -145,7 +145,9 @@ class StraitdMultiShard : public ::testing::Test {
 
   void TearDown() override {
     for (int code : StopProcesses(&pids_, 10)) {
-      if (code != -1) EXPECT_EQ(code, 0) << "a straitd did not exit cleanly on SIGTERM";
+      if (code != -1) {
+        EXPECT_EQ(code, 0) << "a straitd did not exit cleanly on SIGTERM";
+      }
     }
     KillProcesses(&pids_);
     std::error_code ec;

@@ -98,7 +98,9 @@ class StraitdTunnel : public ::testing::Test {
     // ThreadSanitizer (the tsan preset) that is also where a data race shows, as TSan's exit
     // code 66 (issue 17: Supervise() read a tunnel's phase that OnWanMessage wrote).
     for (int code : StopProcesses(&pids_, 10)) {
-      if (code != -1) EXPECT_EQ(code, 0) << "a straitd did not exit cleanly on SIGTERM";
+      if (code != -1) {
+        EXPECT_EQ(code, 0) << "a straitd did not exit cleanly on SIGTERM";
+      }
     }
     KillProcesses(&pids_);
     for (const auto& f : files_) ::unlink(f.c_str());

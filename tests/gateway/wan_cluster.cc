@@ -143,7 +143,8 @@ Status WanCluster::WriteConfig(int region, int index) {
           "shard_" + std::to_string(i) + " = \"" + wanem::RegionAddress(p) + ":" + port(i) + "\"\n";
     }
   }
-  t += "[link]\nstreams = 2\nunreachable_after = \"10s\"\n";
+  t += "[link]\nstreams = 2\nstream_timeout = \"" + o.stream_timeout +
+       "\"\nunreachable_after = \"" + o.unreachable_after + "\"\n";
   t += "[policy]\n" + o.policy;
   t += "[allreduce]\ndeadline = \"" + o.allreduce_deadline + "\"\nshutdown_grace = \"2s\"\n";
   if (!o.shard_weights.empty()) {

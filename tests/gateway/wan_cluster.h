@@ -47,6 +47,9 @@ struct WanClusterOptions {
       "allowed_codecs = [\"none\", \"zstd\", \"int8\", \"int4\", \"fp8\"]\n"
       "max_relative_error = 1.0\nmin_lossy_bytes = \"0B\"\n";
   std::string allreduce_deadline = "20s";
+  // link.stream_timeout and link.unreachable_after: how soon a cut link ends for good.
+  std::string stream_timeout = "10s";
+  std::string unreachable_after = "10s";
   // Every daemon lists every daemon of every region, its own region's too (what CollNet's region
   // all-reduce needs: straitds of one region reduce-scatter among themselves); else each lists
   // only the daemons of its own index in the other regions.
