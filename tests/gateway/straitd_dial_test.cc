@@ -131,23 +131,6 @@ void ExpectCorrectAndIdentical(const WanCluster& c, const StepResult& result, in
   }
 }
 
-// The value of counter `name` in region r's stats once it reaches `want`, or the last seen
-// value when the deadline passed (-1 when the stats could not be read).
-int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name, int64_t want,
-                       Deadline deadline) {
-  int64_t value = -1;
-  auto client = Client::Connect(cluster.Socket(r, 0), Deadline::AfterSeconds(5));
-  if (!client.ok()) return value;
-  for (;;) {
-    auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
-    if (!stats.ok()) return value;
-    const size_t at = stats->find("\n" + name + " ");
-    value = at == std::string::npos ? -1 : std::stoll(stats->substr(at + name.size() + 2));
-    if (value >= want || deadline.Expired()) return value;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
 TEST(StraitdDialOnly, NatdRegionDialsEveryLinkAndRedialsAfterRestartsOnEitherSide) {
   if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
     GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
@@ -166,7 +149,7 @@ TEST(StraitdDialOnly, NatdRegionDialsEveryLinkAndRedialsAfterRestartsOnEitherSid
   // r0 restarts: the link r2 dialled ends (r0 no longer knows its session) and r2 -- not r0,
   // which ranks lower and would dial by the rank rule -- dials a new one.
   ASSERT_TRUE(c.Restart(0, 0).ok()) << c.Logs(0, 0);
-  EXPECT_EQ(WaitForCounter(c, kNat, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1)
+  EXPECT_EQ(c.WaitForStat(kNat, 0, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1)
       << "r2 did not see r0 restart\n"
       << c.Logs(kNat, 0);
   {
@@ -178,8 +161,8 @@ TEST(StraitdDialOnly, NatdRegionDialsEveryLinkAndRedialsAfterRestartsOnEitherSid
   // r2 restarts: it dials both links again at start; r0 and r1 adopt them.
   ASSERT_TRUE(c.Restart(kNat, 0).ok()) << c.Logs(kNat, 0);
   // r0 (restarted itself) sees its first restart of r2; r1 saw r0's and now r2's.
-  EXPECT_EQ(WaitForCounter(c, 0, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1) << c.Logs(0, 0);
-  EXPECT_EQ(WaitForCounter(c, 1, "peer_restarts", 2, Deadline::AfterSeconds(20)), 2) << c.Logs(1, 0);
+  EXPECT_EQ(c.WaitForStat(0, 0, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1) << c.Logs(0, 0);
+  EXPECT_EQ(c.WaitForStat(1, 0, "peer_restarts", 2, Deadline::AfterSeconds(20)), 2) << c.Logs(1, 0);
   {
     SCOPED_TRACE("step 3, after r2 restarted");
     ASSERT_TRUE(ConnectAll(c, clients));

@@ -107,36 +107,6 @@ StepResult RunStep(std::vector<std::unique_ptr<Client>>& clients, const std::vec
   return result;
 }
 
-// The value of counter `name` in a stats text, or -1.
-int64_t Counter(const std::string& stats, const std::string& name) {
-  const size_t at = stats.find(name + " ");
-  if (at == std::string::npos || (at > 0 && stats[at - 1] != '\n')) return -1;
-  return std::stoll(stats.substr(at + name.size() + 1));
-}
-
-// Polls region r's stats until counter `name` satisfies `done` or the deadline passes; returns
-// its last value (-1: not read).
-int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name,
-                       const std::function<bool(int64_t)>& done, Deadline deadline) {
-  int64_t value = -1;
-  auto client = Client::Connect(cluster.Socket(r, 0), Deadline::AfterSeconds(5));
-  if (!client.ok()) return value;
-  while (true) {
-    auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
-    if (!stats.ok()) return value;
-    value = Counter(*stats, name);
-    if (done(value) || deadline.Expired()) return value;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// ... until it reaches `want`.
-int64_t WaitForCounter(const WanCluster& cluster, int r, const std::string& name, int64_t want,
-                       Deadline deadline) {
-  return WaitForCounter(
-      cluster, r, name, [want](int64_t v) { return v >= want; }, deadline);
-}
-
 void ExpectCorrectAndIdentical(const StepResult& result, int step) {
   const std::vector<float> want = Reference(step);
   for (int r = 0; r < kRegions; ++r) {
@@ -194,7 +164,7 @@ TEST_P(StraitdFailure, RegionKilledMidStepFailsFastAndTheNextStepAfterItsRestart
   const std::string dead = WanCluster::RegionName(kKilled);
   StepResult step2 = RunStep(clients, survivors, 2, [&] {
     const Deadline until = Deadline::AfterSeconds(kDeadlineSeconds);
-    for (int r : survivors) EXPECT_EQ(WaitForCounter(c, r, "in_flight", 1, until), 1) << r;
+    for (int r : survivors) EXPECT_EQ(c.WaitForStat(r, 0, "in_flight", 1, until), 1) << r;
     c.Kill(kKilled, 0);
   });
   // A survivor waits on whichever peer it needs next: the dead region, or the other survivor
@@ -224,7 +194,7 @@ TEST_P(StraitdFailure, RegionKilledMidStepFailsFastAndTheNextStepAfterItsRestart
   // incarnation (the hello on the new links), every gateway numbers from a fresh start.
   ASSERT_TRUE(c.Restart(kKilled, 0).ok()) << c.Logs(kKilled, 0);
   for (int r : survivors) {
-    EXPECT_EQ(WaitForCounter(c, r, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1)
+    EXPECT_EQ(c.WaitForStat(r, 0, "peer_restarts", 1, Deadline::AfterSeconds(20)), 1)
         << WanCluster::RegionName(r) << " did not see " << dead << " restart\n"
         << c.Logs(r, 0);
   }
@@ -402,7 +372,7 @@ TEST(StraitdCutPair, APairUnreachableThroughTheCommitIsConfirmedThroughTheThirdR
   ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, true));
   const auto only_r0 = [](int64_t v) { return v == 1; };
   for (int r : {1, 2}) {
-    ASSERT_EQ(WaitForCounter(c, r, "peer_links_up", only_r0, Deadline::AfterSeconds(20)), 1)
+    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_up", only_r0, Deadline::AfterSeconds(20)), 1)
         << WanCluster::RegionName(r) << "'s link to the other end of the cut did not end\n"
         << c.Logs(r, 0);
   }
@@ -410,7 +380,7 @@ TEST(StraitdCutPair, APairUnreachableThroughTheCommitIsConfirmedThroughTheThirdR
   ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, false));
   const auto both = [](int64_t v) { return v == 2; };
   for (int r : {1, 2}) {
-    ASSERT_EQ(WaitForCounter(c, r, "peer_links_up", both, Deadline::AfterSeconds(30)), 2)
+    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_up", both, Deadline::AfterSeconds(30)), 2)
         << WanCluster::RegionName(r) << " did not get its link to the other end back\n"
         << c.Logs(r, 0);
   }

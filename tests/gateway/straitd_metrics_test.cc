@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -356,8 +355,14 @@ TEST_F(StraitdMetrics, HealthReadinessMetricsLogsAndCertificateReload) {
   EXPECT_GT(Sample(text, "process_max_fds").value_or(0), 0);
   EXPECT_GT(Sample(text, "process_cpu_seconds_total").value_or(-1), 0);
   EXPECT_GT(Sample(text, "process_threads").value_or(0), 1);
-  EXPECT_LE(Sample(text, "process_start_time_seconds").value_or(1e18),
-            static_cast<double>(std::time(nullptr)));
+  // The start time is /proc/stat's btime (whole seconds) plus the start in clock ticks, so it
+  // can read up to a second off the wall clock; it failed once against time(nullptr), which
+  // drops the fraction of the current second. This straitd started during this test.
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  EXPECT_LE(Sample(text, "process_start_time_seconds").value_or(1e18), now + 1.0);
+  EXPECT_GE(Sample(text, "process_start_time_seconds").value_or(0), now - 120.0);
   EXPECT_LT(Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(9), 1.0);
   EXPECT_GE(Sample(text, "strait_peer_rtt_smoothed_seconds{peer=\"us\"}").value_or(0),
             Sample(text, "strait_peer_rtt_min_seconds{peer=\"us\"}").value_or(1));

@@ -17,6 +17,7 @@
 #include "bench/wanem/config.h"
 #include "bench/wanem/netns.h"
 #include "common/clock.h"
+#include "localproto/client.h"
 #include "tests/common/straitd_process.h"
 
 namespace strait::gateway::testing {
@@ -212,6 +213,24 @@ bool WanCluster::Running(int region, int index) {
     return false;
   }
   return true;
+}
+
+int64_t WanCluster::WaitForStat(int region, int index, const std::string& name,
+                                const std::function<bool(int64_t)>& done,
+                                Deadline deadline) const {
+  int64_t value = -1;
+  auto client = localproto::Client::Connect(Socket(region, index), Deadline::AfterSeconds(5));
+  if (!client.ok()) return value;
+  for (;;) {
+    auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
+    if (!stats.ok()) return value;
+    // One "name value" line per counter.
+    const std::string text = "\n" + *stats;
+    const size_t at = text.find("\n" + name + " ");
+    value = at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));
+    if (done(value) || deadline.Expired()) return value;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void WanCluster::Kill(int region, int index) {

@@ -17,12 +17,14 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/wanem/emulator.h"
+#include "common/clock.h"
 #include "strait/status.h"
 #include "tests/net/test_certs.h"
 
@@ -82,6 +84,16 @@ class WanCluster {
   std::string Logs(int region, int index) const;
   // Whether the daemon is still running (false once it exited).
   bool Running(int region, int index);
+  // Polls counter `name` of the daemon's stats (localproto::Client::Stats) until `done` holds or
+  // `deadline` passes; returns its last value (-1: not read, or no such counter).
+  int64_t WaitForStat(int region, int index, const std::string& name,
+                      const std::function<bool(int64_t)>& done, Deadline deadline) const;
+  // ... until it is at least `want`.
+  int64_t WaitForStat(int region, int index, const std::string& name, int64_t want,
+                      Deadline deadline) const {
+    return WaitForStat(
+        region, index, name, [want](int64_t v) { return v >= want; }, deadline);
+  }
 
   // The emulator, to change a link while traffic runs (Emulator::SetLink).
   wanem::Emulator& emulator() { return *emulator_; }
