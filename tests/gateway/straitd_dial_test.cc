@@ -29,6 +29,7 @@ using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 using testing::WanCluster;
+using testing::OneGatewayPerRegion;
 using testing::WanClusterOptions;
 
 constexpr int kRegions = 3;
@@ -50,15 +51,9 @@ std::vector<float> Input(int r, int step) {
 }
 
 WanClusterOptions Options(const std::string& tag, bool dial_only_config) {
-  WanClusterOptions o;
-  o.straitd = STRAITD_PATH;
-  o.name = tag + std::to_string(::getpid() % 10000);
-  o.regions = kRegions;
-  o.ranks_per_region = 1;
-  o.link = "rate=100mbit,delay=10ms";
+  WanClusterOptions o = OneGatewayPerRegion(STRAITD_PATH, tag, kRegions, kDeadlineSeconds);
   o.pair_overrides = {"*>" + std::to_string(kNat) + "=syn=drop"};
   if (dial_only_config) o.dial_only_regions = {kNat};
-  o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
   return o;  // TLS, as in production (the WanCluster default)
 }
 

@@ -38,6 +38,7 @@ using namespace strait::localproto;  // NOLINT(build/namespaces)
 namespace {
 
 using testing::WanCluster;
+using testing::OneGatewayPerRegion;
 using testing::WanClusterOptions;
 
 constexpr int kRegions = 3;
@@ -135,13 +136,8 @@ TEST_P(StraitdFailure, RegionKilledMidStepFailsFastAndTheNextStepAfterItsRestart
     if (r != kKilled) survivors.push_back(r);
   }
 
-  WanClusterOptions o;
-  o.straitd = STRAITD_PATH;
-  o.name = "kill" + std::to_string(kKilled) + std::to_string(::getpid() % 10000);
-  o.regions = kRegions;
-  o.ranks_per_region = 1;
-  o.link = "rate=100mbit,delay=10ms";
-  o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
+  WanClusterOptions o = OneGatewayPerRegion(STRAITD_PATH, "kill" + std::to_string(kKilled),
+                                            kRegions, kDeadlineSeconds);
   auto cluster = WanCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WanCluster& c = **cluster;
@@ -227,13 +223,7 @@ TEST(StraitdLateStep, ARegionLateToAFailedStepFailsItTooAndStaysInStep) {
   if (Status priv = wanem::CheckPrivileges(); !priv.ok()) {
     GTEST_SKIP() << "needs strait-wanem (root): " << priv.message();
   }
-  WanClusterOptions o;
-  o.straitd = STRAITD_PATH;
-  o.name = "late" + std::to_string(::getpid() % 100000);
-  o.regions = kRegions;
-  o.ranks_per_region = 1;
-  o.link = "rate=100mbit,delay=10ms";
-  o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
+  WanClusterOptions o = OneGatewayPerRegion(STRAITD_PATH, "late", kRegions, kDeadlineSeconds);
   auto cluster = WanCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WanCluster& c = **cluster;
@@ -276,13 +266,7 @@ struct CutPairCluster {
 // `link_ends_after` is link.stream_timeout and link.unreachable_after alike.
 void StartCutPairCluster(const std::string& name, const std::string& link_ends_after,
                          CutPairCluster* out) {
-  WanClusterOptions o;
-  o.straitd = STRAITD_PATH;
-  o.name = name + std::to_string(::getpid() % 100000);
-  o.regions = kRegions;
-  o.ranks_per_region = 1;
-  o.link = "rate=100mbit,delay=10ms";
-  o.allreduce_deadline = std::to_string(kDeadlineSeconds) + "s";
+  WanClusterOptions o = OneGatewayPerRegion(STRAITD_PATH, name, kRegions, kDeadlineSeconds);
   o.stream_timeout = o.unreachable_after = link_ends_after;
   auto cluster = WanCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -215,6 +215,18 @@ bool WanCluster::Running(int region, int index) {
   return true;
 }
 
+WanClusterOptions OneGatewayPerRegion(const std::string& straitd, const std::string& tag,
+                                      int regions, int64_t deadline_seconds) {
+  WanClusterOptions o;
+  o.straitd = straitd;
+  o.name = tag + std::to_string(::getpid() % 10000);
+  o.regions = regions;
+  o.ranks_per_region = 1;
+  o.link = "rate=100mbit,delay=10ms";
+  o.allreduce_deadline = std::to_string(deadline_seconds) + "s";
+  return o;
+}
+
 int64_t WanCluster::WaitForStat(int region, int index, const std::string& name,
                                 const std::function<bool(int64_t)>& done,
                                 Deadline deadline) const {

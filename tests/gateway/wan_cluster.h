@@ -67,6 +67,12 @@ struct WanClusterOptions {
   int shards_per_gateway = 1;
 };
 
+// The failure-path tests' cluster: `regions` regions of one straitd (`straitd`) each, 100 Mbit/s
+// and 10 ms one way, TLS, an all-reduce deadline of `deadline_seconds`; `tag` (a few letters)
+// and the pid name the emulator instance.
+WanClusterOptions OneGatewayPerRegion(const std::string& straitd, const std::string& tag,
+                                      int regions, int64_t deadline_seconds);
+
 class WanCluster {
  public:
   static StatusOr<std::unique_ptr<WanCluster>> Start(WanClusterOptions options);
