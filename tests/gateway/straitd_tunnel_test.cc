@@ -32,6 +32,7 @@
 #include "localproto/client.h"
 #include "gateway/tunnel.h"
 #include "tests/common/free_ports.h"
+#include "tests/common/stats_text.h"
 #include "tests/common/straitd_process.h"
 
 namespace strait::gateway {
@@ -117,12 +118,6 @@ class StraitdTunnel : public ::testing::Test {
     return stats.ok() ? *stats : stats.status().ToString();
   }
 
-  static uint64_t Counter(const std::string& stats, const std::string& name) {
-    const auto at = stats.find("\n" + name + " ");
-    if (at == std::string::npos) return UINT64_MAX;
-    return std::stoull(stats.substr(at + name.size() + 2));
-  }
-
   // A listener in region a and a tunnel from region b to it, accepted.
   struct Pair {
     std::unique_ptr<TunnelListener> listener;
@@ -192,13 +187,16 @@ TEST_F(StraitdTunnel, MessagesOfEverySizeBothWaysIntactAndInOrder) {
   other.join();
 
   const std::string b = Stats(1);
-  EXPECT_EQ(Counter(b, "tunnel_messages_sent"), sizes.size()) << b;
-  EXPECT_EQ(Counter(b, "tunnel_messages_received"), sizes.size()) << b;
-  EXPECT_GE(Counter(b, "tunnel_zstd_messages"), 1u) << b;
-  EXPECT_LT(Counter(b, "tunnel_wire_bytes_sent"), Counter(b, "tunnel_raw_bytes_sent")) << b;
+  const auto messages = static_cast<int64_t>(sizes.size());
+  EXPECT_EQ(test::StatValue(b, "tunnel_messages_sent"), messages) << b;
+  EXPECT_EQ(test::StatValue(b, "tunnel_messages_received"), messages) << b;
+  EXPECT_GE(test::StatValue(b, "tunnel_zstd_messages"), 1) << b;
+  const int64_t wire = test::StatValue(b, "tunnel_wire_bytes_sent");
+  EXPECT_GT(wire, 0) << b;
+  EXPECT_LT(wire, test::StatValue(b, "tunnel_raw_bytes_sent")) << b;
   const std::string a = Stats(0);
-  EXPECT_EQ(Counter(a, "tunnel_zstd_messages"), 0u) << "random bytes do not compress\n" << a;
-  EXPECT_EQ(Counter(a, "tunnels_open"), 1u) << a;
+  EXPECT_EQ(test::StatValue(a, "tunnel_zstd_messages"), 0) << "random bytes do not compress\n" << a;
+  EXPECT_EQ(test::StatValue(a, "tunnels_open"), 1) << a;
 }
 
 TEST_F(StraitdTunnel, EightTunnelsAtOnce) {
@@ -240,7 +238,7 @@ TEST_F(StraitdTunnel, EightTunnelsAtOnce) {
     runs.emplace_back([a, b, i, sizes] { Exchange(*a, *b, 20 + i, sizes, i % 2 == 1); });
   }
   for (auto& t : runs) t.join();
-  EXPECT_EQ(Counter(Stats(1), "tunnels_opened"), static_cast<uint64_t>(kTunnels));
+  EXPECT_EQ(test::StatValue(Stats(1), "tunnels_opened"), kTunnels);
 }
 
 TEST_F(StraitdTunnel, BadConnectsAreRefusedWithTheReason) {
@@ -294,7 +292,7 @@ TEST_F(StraitdTunnel, BadConnectsAreRefusedWithTheReason) {
   }
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
   const std::string stats = Stats(1);
-  EXPECT_GE(Counter(stats, "tunnels_refused"), 5u) << stats;
+  EXPECT_GE(test::StatValue(stats, "tunnels_refused"), 5) << stats;
   // The refusals left the tunnel that was open untouched.
   Exchange(*warm.b, *warm.a, 7, {10, 20}, false);
 }
@@ -331,12 +329,12 @@ TEST_F(StraitdTunnel, CloseReachesTheOtherSideAfterTheData) {
   }
   // Both tunnels are gone from both gateways.
   for (int r = 0; r < 2; ++r) {
-    uint64_t open = 1;
+    int64_t open = 1;
     for (int i = 0; i < 50 && open != 0; ++i) {
-      open = Counter(Stats(r), "tunnels_open");
+      open = test::StatValue(Stats(r), "tunnels_open");
       if (open != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    EXPECT_EQ(open, 0u) << kNames[r];
+    EXPECT_EQ(open, 0) << kNames[r];
   }
 }
 
@@ -545,7 +543,7 @@ TEST_F(StraitdTunnel, OpenTunnelsCostNoThreads) {
     EXPECT_GT(one[r], 0);
     EXPECT_LE(forty[r], one[r]) << kNames[r] << ": open tunnels cost threads";
   }
-  EXPECT_EQ(Counter(Stats(0), "tunnels_open"), 40u);
+  EXPECT_EQ(test::StatValue(Stats(0), "tunnels_open"), 40);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "localproto/client.h"
 #include "tests/common/straitd_process.h"
+#include "tests/common/stats_text.h"
 
 namespace strait::gateway::testing {
 namespace {
@@ -236,10 +237,7 @@ int64_t WanCluster::WaitForStat(int region, int index, const std::string& name,
   for (;;) {
     auto stats = (*client)->Stats(Deadline::AfterSeconds(5));
     if (!stats.ok()) return value;
-    // One "name value" line per counter.
-    const std::string text = "\n" + *stats;
-    const size_t at = text.find("\n" + name + " ");
-    value = at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));
+    value = test::StatValue(*stats, name);
     if (done(value) || deadline.Expired()) return value;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
