@@ -84,7 +84,9 @@ Message Gateway::Impl::Handle(Message& request) {
       os << "slow_peers " << stragglers->SlowText() << "\n";
       // Operations numbered and announced to the peers that have not ended (0 when idle).
       os << "numbered_ops_in_flight " << generations->OpsInFlight() << "\n";
-      // Peer regions whose link is up (not ended past link.unreachable_after or by a restart).
+      // Peer regions whose link has not ended (past link.unreachable_after or by a restart): the
+      // transport's own view, looser than /metrics' strait_peer_up (hello seen, a stream up,
+      // not unreachable), which is what readiness and alerts use.
       int links_up = 0;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -94,7 +96,7 @@ Message Gateway::Impl::Handle(Message& request) {
           }
         }
       }
-      os << "peer_links_up " << links_up << "\n";
+      os << "peer_links_open " << links_up << "\n";
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_state.allreduce_ok << "\nregion_bytes_sent "
          << region_state.bytes_sent << "\nregion_bytes_received " << region_state.bytes_received

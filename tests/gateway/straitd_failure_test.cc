@@ -356,7 +356,7 @@ TEST(StraitdCutPair, APairUnreachableThroughTheCommitIsConfirmedThroughTheThirdR
   ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, true));
   const auto only_r0 = [](int64_t v) { return v == 1; };
   for (int r : {1, 2}) {
-    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_up", only_r0, Deadline::AfterSeconds(20)), 1)
+    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_open", only_r0, Deadline::AfterSeconds(20)), 1)
         << WanCluster::RegionName(r) << "'s link to the other end of the cut did not end\n"
         << c.Logs(r, 0);
   }
@@ -364,7 +364,7 @@ TEST(StraitdCutPair, APairUnreachableThroughTheCommitIsConfirmedThroughTheThirdR
   ASSERT_NO_FATAL_FAILURE(SetPairCut(c, up, false));
   const auto both = [](int64_t v) { return v == 2; };
   for (int r : {1, 2}) {
-    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_up", both, Deadline::AfterSeconds(30)), 2)
+    ASSERT_EQ(c.WaitForStat(r, 0, "peer_links_open", both, Deadline::AfterSeconds(30)), 2)
         << WanCluster::RegionName(r) << " did not get its link to the other end back\n"
         << c.Logs(r, 0);
   }
