@@ -1,7 +1,11 @@
 # Finds and loads libstrait.so through ctypes and declares the C API of include/strait/strait.h
-# (API level 1) on it. Internal: strait.Comm is the public face. The library is looked for, in
-# order, at $STRAIT_LIBRARY, next to this package (a copy placed there by a packager), and on the
-# dynamic loader's path (libstrait.so.0, then libstrait.so); the error names every path tried.
+# (API level 1) on it. Internal: strait.Comm is the public face. $STRAIT_LIBRARY, when set, is
+# the only library tried (a user who names one never gets another silently). Otherwise the
+# library is looked for, in order, next to this package (a copy placed there by a packager), in the
+# build directories of the source tree this package sits in, on the dynamic loader's path
+# (libstrait.so.0, then libstrait.so: an installed library), and last in the build directories
+# under the current directory (a pip-installed package run from a source tree); the error names
+# every path tried. strait.cluster.find_straitd looks for straitd in the same order.
 import ctypes
 import ctypes.util
 import os
@@ -72,19 +76,32 @@ class LibraryNotFound(StraitError, OSError):
         StraitError.__init__(self, ERROR_UNAVAILABLE, message)
 
 
+# CMake presets (CMakePresets.json) whose build directories are searched, in this order.
+BUILD_PRESETS = ("release", "ci", "dev", "asan")
+
+
+def _build_tree(base, where):
+    return [(where, os.path.abspath(os.path.join(base, "build", preset, "lib", "api",
+                                                 "libstrait.so")))
+            for preset in BUILD_PRESETS]
+
+
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
-    out = []
     env = os.environ.get("STRAIT_LIBRARY")
     if env:
-        out.append(("$STRAIT_LIBRARY", env))
+        return [("$STRAIT_LIBRARY", env)]
+    out = []
     for name in ("libstrait.so.0", "libstrait.so"):
         out.append(("next to the package", os.path.join(here, name)))
+    out += _build_tree(os.path.join(here, "..", ".."), "the package's source tree")
     for name in ("libstrait.so.0", "libstrait.so"):
         out.append(("the loader's path", name))
     found = ctypes.util.find_library("strait")
     if found:
         out.append(("ldconfig", found))
+    cwd = _build_tree(os.getcwd(), "the current directory")
+    out += [c for c in cwd if all(c[1] != o[1] for o in out)]
     return out
 
 
@@ -140,6 +157,11 @@ def load():
                 continue
             _path = path
             return _lib
+        if os.environ.get("STRAIT_LIBRARY"):
+            raise LibraryNotFound(
+                "strait: cannot load the library $STRAIT_LIBRARY names: " + tried[0] +
+                ". Point STRAIT_LIBRARY at a built libstrait.so (build/<preset>/lib/api), or "
+                "unset it to search next to the package, the build tree and the loader's path.")
         raise LibraryNotFound(
             "strait: cannot load libstrait.so; tried " + "; ".join(tried) +
             ". Build it (cmake --build build/release --target strait_api) and set STRAIT_LIBRARY "

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from ._lib import BUILD_PRESETS
+
 DEFAULT_POLICY = ('allowed_codecs = ["none", "zstd", "int8", "int4", "fp8"]\n'
                   'max_relative_error = 1.0\nmin_lossy_bytes = "16KiB"\n')
 
@@ -40,20 +42,42 @@ def free_ports(n):
 
 
 def find_straitd(root=None):
-    """$STRAITD, else build/{release,ci,dev,asan}/tools/straitd/straitd under root, else PATH."""
-    if os.environ.get("STRAITD"):
-        return os.environ["STRAITD"]
-    root = root or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    for preset in ("release", "ci", "dev", "asan"):
-        p = os.path.join(root, "build", preset, "tools", "straitd", "straitd")
-        if os.access(p, os.X_OK):
-            return os.path.abspath(p)
+    """$STRAITD; else build/{release,ci,dev,asan}/tools/straitd/straitd under root (default: the
+    source tree this package sits in); else PATH (an installed straitd); else the same build
+    directories under the current directory (a pip-installed package run from a source tree).
+    The same order as the library's search (_lib.py), so both come from one build or one install.
+    Raises FileNotFoundError naming every place it looked."""
+    env = os.environ.get("STRAITD")
+    if env:
+        if os.access(env, os.X_OK) and os.path.isfile(env):
+            return env
+        raise FileNotFoundError(f"$STRAITD is {env!r}, which is not an executable file: point "
+                                "it at a built straitd or unset it")
+    tried = []
+
+    def in_build_tree(base):
+        for preset in BUILD_PRESETS:
+            p = os.path.abspath(os.path.join(base, "build", preset, "tools", "straitd", "straitd"))
+            if os.access(p, os.X_OK):
+                return p
+            if p not in tried:
+                tried.append(p)
+        return None
+
+    found = in_build_tree(root or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                               ".."))
+    if found:
+        return found
     for d in os.environ.get("PATH", "").split(os.pathsep):
         p = os.path.join(d, "straitd")
-        if os.access(p, os.X_OK):
+        if d and os.access(p, os.X_OK):
             return p
-    raise FileNotFoundError("straitd not found: set $STRAITD or build it "
-                            "(cmake --build build/release --target straitd)")
+    found = None if root else in_build_tree(os.getcwd())
+    if found:
+        return found
+    raise FileNotFoundError("straitd not found (looked at " + ", ".join(tried) + " and on "
+                            "$PATH): build it (cmake --build build/release --target straitd), "
+                            "install the strait .deb, or set $STRAITD")
 
 
 class Gateways:

@@ -72,6 +72,8 @@ def parse(argv):
         a.command = a.command[1:]
     if not a.command:
         p.error("no command given (after --)")
+    if a.regions < 1 or a.ranks < 1:
+        p.error(f"--regions {a.regions} --ranks {a.ranks}: both must be at least 1")
     return a
 
 
@@ -90,12 +92,19 @@ def main(argv=None):
     procs = []
     try:
         if not a.no_gateways:
-            tls = make_pki(workdir, a.regions) if a.tls else None
-            gateways = cluster.Gateways(a.straitd or cluster.find_straitd(), a.regions, a.ranks,
-                                        workdir, address=address, prefix=prefix, tls=tls,
-                                        policy=a.policy, deadline=a.deadline, ports=ports,
-                                        metrics=bool(a.wan_bytes_out), max_rate=a.max_rate)
-            gateways.start()
+            try:
+                tls = make_pki(workdir, a.regions) if a.tls else None
+                gateways = cluster.Gateways(a.straitd or cluster.find_straitd(), a.regions,
+                                            a.ranks, workdir, address=address, prefix=prefix,
+                                            tls=tls, policy=a.policy, deadline=a.deadline,
+                                            ports=ports, metrics=bool(a.wan_bytes_out),
+                                            max_rate=a.max_rate)
+                gateways.start()
+            except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as e:
+                # Setup failures are the user's to fix (a missing straitd, a config straitd
+                # refuses, openssl missing for --tls): say what, no traceback, and run no rank.
+                print(f"strait.launch: cannot start the straitds: {e}", file=sys.stderr)
+                return 2
         master_port = cluster.free_ports(1)[0] if not a.wanem else 29500
         world = a.regions * a.ranks
         for rank in range(world):

@@ -2,6 +2,7 @@
 # libstrait.so and real straitd processes on loopback: results of every dtype and op, in place,
 # keys, and each bad input or failure giving one StraitError with the right code in time.
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -316,15 +317,49 @@ def test_regions_disagreeing_on_a_step_fail_it_in_time(gateways):
         assert e.code in (strait.ERROR_MISMATCH, strait.ERROR_TIMEOUT, strait.ERROR_ABORTED), e
 
 
-def test_missing_library_names_the_paths_tried(tmp_path):
+def _load_in_subprocess(env, cwd):
+    code = ("import strait, strait._lib as l\ntry:\n    l.load()\n"
+            "except strait.LibraryNotFound as e:\n    print('CODE', e.code); print(e)\n"
+            "else:\n    print('LOADED', l.loaded_path())\n")
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_bad_strait_library_is_the_one_error_and_no_other_library_loads(tmp_path):
+    # $STRAIT_LIBRARY names the library: one that does not load is the error, even though the
+    # source tree's build has a good one (a user who names a library never gets another).
     bogus = tmp_path / "libstrait.so"
     bogus.write_text("not a library")
-    code = ("import strait\ntry:\n    strait.Comm()\nexcept strait.LibraryNotFound as e:\n"
-            "    print('CODE', e.code); print(e)\n")
     env = dict(os.environ, STRAIT_LIBRARY=str(bogus), PYTHONPATH=os.path.join(ROOT, "python"))
-    env.pop("LD_LIBRARY_PATH", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = _load_in_subprocess(env, tmp_path)
     assert "CODE 3" in out.stdout, out.stdout + out.stderr
-    assert str(bogus) in out.stdout and "$STRAIT_LIBRARY" in out.stdout
+    assert str(bogus) in out.stdout and "$STRAIT_LIBRARY" in out.stdout, out.stdout
+    assert "LOADED" not in out.stdout
+
+
+def _copy_of_the_package(tmp_path):
+    # The package outside any source tree, as pip installs it.
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(ROOT, "python", "strait"), site / "strait",
+                    ignore=shutil.ignore_patterns("__pycache__", "libstrait.so*"))
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("STRAIT_LIBRARY", None)
+    env.pop("LD_LIBRARY_PATH", None)
+    return env
+
+
+def test_missing_library_names_the_paths_tried(tmp_path):
+    env = _copy_of_the_package(tmp_path)
+    out = _load_in_subprocess(env, tmp_path)
+    assert "CODE 3" in out.stdout, out.stdout + out.stderr
+    assert "next to the package" in out.stdout, out.stdout
     assert "libstrait.so.0" in out.stdout  # the loader's path was tried too
+    # and the build directories under the current directory
+    assert str(tmp_path / "build" / "release" / "lib" / "api" / "libstrait.so") in out.stdout
+
+
+def test_an_installed_package_run_from_a_source_tree_finds_its_build(library, tmp_path):
+    # pip install ./python, then run from the clone's root: the build there is found.
+    env = _copy_of_the_package(tmp_path)
+    out = _load_in_subprocess(env, ROOT)
+    assert "LOADED " + os.path.join(ROOT, "build") in out.stdout, out.stdout + out.stderr

@@ -4,6 +4,7 @@
 # rank killed mid-run (every other rank must fail with one clear error, in time), and the
 # `strait` process-group backend.
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,6 +175,29 @@ def test_launch_max_rate_paces_every_straitd_and_a_bad_rate_is_refused(straitd, 
             assert 'max_rate = "50mbit"' in f.read(), name
     r = launch(straitd, tmp_path / "bad", [sys.executable, "-c", "print('RAN')"], ranks=1,
                extra=("--max-rate", "50"), timeout=60)
-    assert r.returncode != 0
+    assert r.returncode == 2, r.stdout + r.stderr
     assert "RAN" not in r.stdout
-    assert "link.max_rate" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "strait.launch: cannot start the straitds" in r.stderr, r.stderr
+    assert "link.max_rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_launch_without_a_straitd_says_where_it_looked(tmp_path):
+    # A setup problem is one line naming what to fix, exit status 2, and no rank runs.
+    for straitd_env, expect in ((str(tmp_path / "nowhere"), "$STRAITD is"),
+                                (None, "straitd not found (looked at")):
+        e = env()
+        e.pop("STRAITD", None)
+        if straitd_env:
+            e["STRAITD"] = straitd_env
+        else:  # no build tree under the working directory, nothing on PATH
+            e["PATH"] = str(tmp_path)
+            e["PYTHONPATH"] = str(tmp_path / "site")
+            shutil.copytree(os.path.join(ROOT, "python", "strait"), tmp_path / "site" / "strait",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        r = subprocess.run([sys.executable, "-m", "strait.launch", "--regions", "2", "--ranks",
+                            "1", "--", sys.executable, "-c", "print('RAN')"], env=e,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "RAN" not in r.stdout
+        assert r.stderr.startswith("strait.launch: cannot start the straitds: " + expect), r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
