@@ -16,6 +16,7 @@
 #include "api/backend.h"
 #include "api/host_backend.h"
 #include "api/nccl_backend.h"
+#include "common/strings.h"
 #include "gateway/config.h"
 #include "localproto/policy_grammar.h"
 #include "localproto/protocol.h"
@@ -142,8 +143,8 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
   auto region = ArgOrEnv(c->region, "STRAIT_REGION");
   if (!region) return InvalidArgumentError("config->region is NULL and STRAIT_REGION is unset");
   if (!ValidRegion(*region)) {
-    return InvalidArgumentError("config->region '" + *region +
-                                "' is not a region name (1-63 of a-z 0-9 . _ -)");
+    return InvalidArgumentError("config->region " + QuotedForError(*region) +
+                                " is not a region name (1-63 of a-z 0-9 . _ -)");
   }
   o.region = *region;
   if (c->nranks < 1) {
@@ -163,8 +164,8 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
     }
     auto root = gateway::ParseHostPort(c->root_address);
     if (!root.ok()) {
-      return InvalidArgumentError("config->root_address '" + std::string(c->root_address) +
-                                  "': " + root.status().message());
+      return InvalidArgumentError("config->root_address " + QuotedForError(c->root_address) +
+                                  ": " + root.status().message());
     }
     o.root_host = root->host;
     o.root_port = root->port;
@@ -172,24 +173,24 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
   auto gw = ArgOrEnv(c->gateway, "STRAIT_GATEWAY");
   if (!gw) return InvalidArgumentError("config->gateway is NULL and STRAIT_GATEWAY is unset");
   if (gw->empty() || (*gw)[0] != '/' || gw->size() > 107) {
-    return InvalidArgumentError("config->gateway '" + *gw +
-                                "' is not the absolute path of a straitd socket (at most 107 "
+    return InvalidArgumentError("config->gateway " + QuotedForError(*gw) +
+                                " is not the absolute path of a straitd socket (at most 107 "
                                 "bytes)");
   }
   o.gateway = *gw;
   auto job = ArgOrEnv(c->job_id, "STRAIT_JOB_ID");
   if (!job) return InvalidArgumentError("config->job_id is NULL and STRAIT_JOB_ID is unset");
   if (!ValidJobId(*job)) {
-    return InvalidArgumentError("config->job_id '" + *job +
-                                "' is not a job id (1-64 of letters, digits, - _ .)");
+    return InvalidArgumentError("config->job_id " + QuotedForError(*job) +
+                                " is not a job id (1-64 of letters, digits, - _ .)");
   }
   o.job = *job;
   o.compression = ArgOrEnv(c->compression, "STRAIT_COMPRESSION").value_or("");
   if (!o.compression.empty()) {
     auto parsed = localproto::ParsePolicyRequest(o.compression);
     if (!parsed.ok()) {
-      return InvalidArgumentError("config->compression '" + o.compression +
-                                  "': " + parsed.status().message());
+      return InvalidArgumentError("config->compression " + QuotedForError(o.compression) +
+                                  ": " + parsed.status().message());
     }
   }
   if (c->timeout_ms <= 0) {
@@ -199,8 +200,8 @@ StatusOr<HostCommOptions> HostOptions(const strait_host_config_t* c) {
   o.timeout_ns = int64_t{c->timeout_ms} * 1'000'000;
   const std::optional<std::string> shm = ArgOrEnv(nullptr, "STRAIT_LOCAL_SHM");
   if (shm && *shm != "0" && *shm != "1") {
-    return InvalidArgumentError("STRAIT_LOCAL_SHM='" + *shm +
-                                "': allowed 1 (tensors through shared memory, the default) or "
+    return InvalidArgumentError("STRAIT_LOCAL_SHM=" + QuotedForError(*shm) +
+                                ": allowed 1 (tensors through shared memory, the default) or "
                                 "0 (through the socket)");
   }
   o.shared_memory = !shm || *shm == "1";
@@ -221,31 +222,31 @@ StatusOr<NcclCommOptions> NcclOptions(ncclComm* nccl, const char* region_arg,
   auto region = ArgOrEnv(region_arg, "STRAIT_REGION");
   if (!region) return InvalidArgumentError("region is NULL and STRAIT_REGION is unset");
   if (!ValidRegion(*region)) {
-    return InvalidArgumentError("region '" + *region +
-                                "' is not a region name (1-63 of a-z 0-9 . _ -)");
+    return InvalidArgumentError("region " + QuotedForError(*region) +
+                                " is not a region name (1-63 of a-z 0-9 . _ -)");
   }
   o.region = *region;
   auto gw = ArgOrEnv(gateway_arg, "STRAIT_GATEWAY");
   if (!gw) return InvalidArgumentError("gateway is NULL and STRAIT_GATEWAY is unset");
   if (gw->empty() || (*gw)[0] != '/' || gw->size() > 107) {
-    return InvalidArgumentError("gateway '" + *gw +
-                                "' is not the absolute path of a straitd socket (at most 107 "
+    return InvalidArgumentError("gateway " + QuotedForError(*gw) +
+                                " is not the absolute path of a straitd socket (at most 107 "
                                 "bytes)");
   }
   o.gateway = *gw;
   auto job = ArgOrEnv(job_arg, "STRAIT_JOB_ID");
   if (!job) return InvalidArgumentError("job_id is NULL and STRAIT_JOB_ID is unset");
   if (!ValidJobId(*job)) {
-    return InvalidArgumentError("job_id '" + *job +
-                                "' is not a job id (1-64 of letters, digits, - _ .)");
+    return InvalidArgumentError("job_id " + QuotedForError(*job) +
+                                " is not a job id (1-64 of letters, digits, - _ .)");
   }
   o.job = *job;
   o.compression = ArgOrEnv(compression_arg, "STRAIT_COMPRESSION").value_or("");
   if (!o.compression.empty()) {
     auto parsed = localproto::ParsePolicyRequest(o.compression);
     if (!parsed.ok()) {
-      return InvalidArgumentError("compression '" + o.compression +
-                                  "': " + parsed.status().message());
+      return InvalidArgumentError("compression " + QuotedForError(o.compression) +
+                                  ": " + parsed.status().message());
     }
   }
   return o;
@@ -353,7 +354,7 @@ StatusOr<uint32_t> ShardOf(int given, int rank, int nranks, const char* what) {
   const std::string& text = *env;
   if (text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit) ||
       std::stoi(text) > gateway::kMaxConfigShard) {
-    return InvalidArgumentError("STRAIT_SHARD is '" + text + "'; it must be a shard index 0.." +
+    return InvalidArgumentError("STRAIT_SHARD is " + QuotedForError(text) + "; it must be a shard index 0.." +
                                 std::to_string(gateway::kMaxConfigShard) +
                                 " (the rank's index in its region), or unset");
   }

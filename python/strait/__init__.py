@@ -57,6 +57,10 @@ def _encode(value, name):
     if not isinstance(value, str):
         raise StraitError(ERROR_INVALID_ARGUMENT, f"{name} must be a str or None, not "
                           f"{type(value).__name__}")
+    if "\0" in value:
+        # C strings end at the first NUL: "a\0b" would silently become "a".
+        raise StraitError(ERROR_INVALID_ARGUMENT, f"{name} contains a NUL character at index "
+                          f"{value.index(chr(0))}; pass the string without it")
     return value.encode("utf-8")
 
 

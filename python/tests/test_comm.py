@@ -212,6 +212,8 @@ def test_bad_inputs(gateways):
         expect(IA, lambda: c.allreduce(torch.zeros(4), op="mean"), "op must be")
         # The C API checks the key: 1-200 bytes.
         expect(IA, lambda: c.allreduce(torch.zeros(4), key="k" * 201), "key")
+        # A NUL would end the C string early ("a\0b" read as "a"): refused, not truncated.
+        expect(IA, lambda: c.allreduce(torch.zeros(4), key="layer\0.grad"), "key contains a NUL")
         # Nothing above reached the gateway or failed the comm: a zero-size call still works.
         c.allreduce(torch.zeros(0))
     finally:
@@ -221,6 +223,8 @@ def test_bad_inputs(gateways):
     expect(IA, lambda: c.allreduce(torch.zeros(4)), "closed")
     expect(IA, lambda: strait.Comm(region="r0", gateway=gateways.socket(0, 0), job_id=job(),
                                    timeout=-1), "timeout")
+    expect(IA, lambda: strait.Comm(region="r0\0r1", gateway=gateways.socket(0, 0), job_id=job(),
+                                   timeout=5), "region contains a NUL")
 
 
 def test_unreachable_gateway_fails_within_the_deadline(library, tmp_path):

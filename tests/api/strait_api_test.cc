@@ -155,6 +155,13 @@ TEST(StraitApi, InitHostRejectsEveryBadArgument) {
        [](strait_host_config_t* c) { c->gateway = "straitd.sock"; }},
       {"config->job_id is NULL", [](strait_host_config_t* c) { c->job_id = nullptr; }},
       {"config->job_id 'job 1'", [](strait_host_config_t* c) { c->job_id = "job 1"; }},
+      // A control character is shown escaped, a long value cut with its length.
+      {"config->job_id 'job\\x1b[2J'", [](strait_host_config_t* c) { c->job_id = "job\x1b[2J"; }},
+      {"(5000 bytes; the first 80 shown) is not a region name",
+       [](strait_host_config_t* c) {
+         static const std::string kLong(5000, 'a');
+         c->region = kLong.c_str();
+       }},
       {"config->compression 'int9'", [](strait_host_config_t* c) { c->compression = "int9"; }},
       {"config->timeout_ms", [](strait_host_config_t* c) { c->timeout_ms = 0; }},
       {"config->shard is -2", [](strait_host_config_t* c) { c->shard = -2; }},
