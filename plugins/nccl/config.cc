@@ -19,12 +19,8 @@ namespace {
 
 constexpr const char* kRegionAllowed = "1-63 characters from letters, digits, '-', '_' and '.'";
 
-std::string Quote(std::string_view v) {
-  return "\"" + std::string(v) + "\"";
-}
-
 Status Bad(const char* var, std::string_view found, std::string_view allowed) {
-  return InvalidArgumentError(std::string(var) + "=" + Quote(found) +
+  return InvalidArgumentError(std::string(var) + "=" + QuotedForError(found) +
                               " is invalid; allowed: " + std::string(allowed));
 }
 
@@ -126,8 +122,8 @@ StatusOr<std::vector<RegionRule>> ParseRegionMap(std::string_view text) {
     const std::string_view net = Trim(entry.substr(0, eq));
     const std::string_view region = Trim(entry.substr(eq + 1));
     if (!ValidRegionName(region)) {
-      return InvalidArgumentError(std::string(kVar) + ": region " + Quote(region) + " in entry " +
-                                  Quote(entry) + " is invalid; allowed: " + kRegionAllowed);
+      return InvalidArgumentError(std::string(kVar) + ": region " + QuotedForError(region) + " in entry " +
+                                  QuotedForError(entry) + " is invalid; allowed: " + kRegionAllowed);
     }
     RegionRule rule;
     rule.region = std::string(region);
@@ -140,16 +136,16 @@ StatusOr<std::vector<RegionRule>> ParseRegionMap(std::string_view text) {
       rule.family = AF_INET6;
       rule.prefix_len = 128;
     } else {
-      return InvalidArgumentError(std::string(kVar) + ": " + Quote(addr) + " in entry " +
-                                  Quote(entry) + " is not an IP address; allowed: " + kAllowed);
+      return InvalidArgumentError(std::string(kVar) + ": " + QuotedForError(addr) + " in entry " +
+                                  QuotedForError(entry) + " is not an IP address; allowed: " + kAllowed);
     }
     if (slash != std::string_view::npos) {
       const std::string bits(net.substr(slash + 1));
       char* end = nullptr;
       const long n = std::strtol(bits.c_str(), &end, 10);
       if (bits.empty() || *end != '\0' || n < 0 || n > rule.prefix_len) {
-        return InvalidArgumentError(std::string(kVar) + ": prefix length " + Quote(bits) +
-                                    " in entry " + Quote(entry) + " is invalid; allowed: 0-" +
+        return InvalidArgumentError(std::string(kVar) + ": prefix length " + QuotedForError(bits) +
+                                    " in entry " + QuotedForError(entry) + " is invalid; allowed: 0-" +
                                     std::to_string(rule.prefix_len));
       }
       rule.prefix_len = static_cast<int>(n);
@@ -321,7 +317,7 @@ StatusOr<Interface> SelectInterface(const std::string& spec) {
   if (spec.empty()) return SelectInterface("=lo");
   std::string names;
   for (const std::string& n : seen) AppendToList(names, n);
-  return InvalidArgumentError("STRAIT_SOCKET_IFNAME=" + Quote(spec) +
+  return InvalidArgumentError("STRAIT_SOCKET_IFNAME=" + QuotedForError(spec) +
                               " matches no interface that is up and has an address; "
                               "allowed: prefixes of (or, with '=', exact) names among: " +
                               names);
