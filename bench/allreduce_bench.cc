@@ -16,6 +16,7 @@
 #include "bench/allreduce_sweep.h"
 #include "bench/wanem/netns.h"
 #include "common/strings.h"
+#include "localproto/policy_grammar.h"
 
 namespace strait::bench::allreduce {
 
@@ -376,7 +377,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--region-index", f->region_index,
                  "With --gateway: this region's index, 0 .. regions-1 (the same order everywhere)")
       ->check(IntValidator(0, 15));
-  cmd.add_option("--shard-index", f->shard_index,
+  CLI::Option* shard_index = cmd.add_option("--shard-index", f->shard_index,
                  "With --gateway: which of the region's --ranks-per-region slices this rank "
                  "all-reduces (its straitd's shard)")
       ->check(IntValidator(0, 7))
@@ -402,7 +403,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--rank-barrier", f->barrier)->group("");
   cmd.add_option("--ring-addrs", f->ring_addrs)->group("");
 
-  return [f, sweep_given](const GlobalFlags& globals) -> int {
+  return [f, sweep_given, shard_index](const GlobalFlags& globals) -> int {
     ::signal(SIGPIPE, SIG_IGN);
     StatusOr<DataType> dtype = ParseSweepDtype(f->dtype_name);
     if (!dtype.ok()) return UsageError(kCommand, "--dtype", dtype.status().message());
@@ -412,6 +413,14 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       return UsageError(kCommand, "--size",
                         "must be a multiple of " + std::to_string(elem) + " (" +
                             f->dtype_name + ")");
+    }
+    // A codec the gateways would refuse is refused here, before any gateway or rank starts.
+    if (f->role.empty()) {
+      for (const std::string& codec : allreduce::SplitCodecs(f->codec)) {
+        if (auto parsed = localproto::ParsePolicyRequest(codec); !parsed.ok()) {
+          return UsageError(kCommand, "--codec", parsed.status().message());
+        }
+      }
     }
     if (!f->gateway.empty()) {
       if (f->region_index < 0 || f->region_index >= f->regions) {
@@ -431,6 +440,9 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       return RunMeshRank(*f);
     }
     if (f->region_index >= 0) return UsageError(kCommand, "--region-index", "goes with --gateway");
+    if (shard_index->count() > 0) {
+      return UsageError(kCommand, "--shard-index", "goes with --gateway");
+    }
     if (f->role == "mesh") return RunMeshRank(*f);
     if (f->role == "ring") return RunRingRank(*f);
     if (f->role == "collnet") return RunCollNetRank(*f);

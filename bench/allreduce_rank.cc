@@ -245,17 +245,31 @@ Json RankResult(const Flags& f, const std::string& policy, const Json& times, co
 // --- Rank mode: mesh (through the rank's own straitd) -----------------------------------------
 
 int RunMeshRank(const Flags& f) {
-  const Deadline connect_deadline = Deadline::AfterSeconds(60);
+  // The gateway may still be starting (the orchestrator's, or a deployed one restarting), so
+  // connecting is retried -- for a minute, or --timeout if shorter; a smoke test says that it
+  // waits, so that a mistyped socket is not a silent minute.
+  const bool smoke = !f.gateway.empty();
+  const std::string who = smoke ? "strait-bench allreduce --gateway " + f.gateway
+                                : "rank " + std::to_string(f.rank_region) + "." +
+                                      std::to_string(f.rank_index);
+  const Deadline connect_deadline = Deadline::AfterSeconds(std::min(60.0, f.timeout_s));
+  const Deadline say_waiting = Deadline::AfterSeconds(2);
+  bool said = false;
   StatusOr<std::unique_ptr<localproto::Client>> client = UnavailableError("not tried");
   while (!connect_deadline.Expired()) {
     client = localproto::Client::Connect(f.socket, Deadline::AfterSeconds(5),
                                       "bench-r" + std::to_string(f.rank_region),
                                       static_cast<uint32_t>(f.rank_index));
     if (client.ok()) break;
+    if (smoke && !said && say_waiting.Expired()) {
+      std::cerr << who << ": waiting up to " << std::min(60.0, f.timeout_s)
+                << " s for the gateway: " << client.status().message() << '\n';
+      said = true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!client.ok()) {
-    std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": " << client.status() << '\n';
+    std::cerr << who << ": " << client.status() << '\n';
     return kExitFailure;
   }
   StatusOr<std::string> policy = (*client)->RegisterJob(f.job, f.codec, Deadline::AfterSeconds(10));

@@ -3,12 +3,14 @@
 // strait-bench process per region started at once, as a job's ranks would be. Checks that every
 // region reports OK with the same result hash; that a region started with another region's index
 // (so the sum differs from the reference) reports WRONG and exits 1; and that --gateway without
-// --region-index is a usage error (exit 2) naming the flag.
+// --region-index is a usage error (exit 2) naming the flag. Without root: a mistyped socket
+// fails within --timeout, and a bad --codec or a stray --shard-index are usage errors.
 //
 // Root only (namespaces, TUN devices): skips with the reason otherwise.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +97,33 @@ TEST_F(GatewaySmoke, ARegionWithAnotherRegionsIndexMakesEveryRegionReportWrong) 
 TEST_F(GatewaySmoke, GatewayWithoutRegionIndexIsAUsageError) {
   const auto r = RunBench({"allreduce", "--gateway", cluster_->Socket(0, 0)});
   EXPECT_EQ(r.code, 2) << r.out;
+}
+
+// Without gateways (no root needed): a mistyped socket fails within --timeout and says that it
+// waits; flags that cannot work are refused before anything starts.
+TEST(GatewaySmokeArguments, AMistypedSocketFailsWithinTheTimeoutAndSaysItWaits) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = strait::test::RunCaptured(
+      {STRAIT_BENCH_BINARY, "allreduce", "--gateway", "/nonexistent/straitd.sock", "--regions",
+       "2", "--region-index", "0", "--size", "64KiB", "--iters", "1", "--timeout", "3"});
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_LT(took, 30.0) << "the 60 s connect retry ignored --timeout 3";
+  EXPECT_NE(r.err.find("waiting up to 3 s for the gateway"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--gateway /nonexistent/straitd.sock: UNAVAILABLE"), std::string::npos)
+      << r.err;
+}
+
+TEST(GatewaySmokeArguments, BadCodecAndStrayShardIndexAreUsageErrors) {
+  auto r = strait::test::RunCaptured(
+      {STRAIT_BENCH_BINARY, "allreduce", "--loopback", "--codec", "int8/int9", "--iters", "1"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--codec: compression policy \"int9\""), std::string::npos) << r.err;
+  r = strait::test::RunCaptured(
+      {STRAIT_BENCH_BINARY, "allreduce", "--loopback", "--shard-index", "1", "--iters", "1"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--shard-index: goes with --gateway"), std::string::npos) << r.err;
 }
 
 }  // namespace
