@@ -6,6 +6,8 @@
 #include "common/strings.h"
 #include "gateway/config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -596,6 +598,18 @@ StatusOr<GatewayConfig> LoadConfig(const std::string& file) {
     std::string why = std::strerror(err);
     if (err == EACCES) return PermissionDeniedError("cannot read config " + file + ": " + why);
     return NotFoundError("cannot read config " + file + ": " + why);
+  }
+  // A directory "opens" and reads as empty, and /dev/zero never ends: only a regular file of a
+  // config's size is read (a real one is a few KiB).
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return InvalidArgumentError("cannot read config " + file +
+                                ": not a regular file; give the path of the TOML file");
+  }
+  if (st.st_size > kMaxConfigFileBytes) {
+    return InvalidArgumentError("config " + file + " is " + std::to_string(st.st_size) +
+                                " bytes, more than a config's limit of " +
+                                std::to_string(kMaxConfigFileBytes) + "; is it the right file?");
   }
   std::ostringstream ss;
   ss << in.rdbuf();

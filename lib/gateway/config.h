@@ -126,6 +126,9 @@ inline constexpr int64_t kMaxChunkElements = int64_t{1} << 24;
 
 // The highest shard index a config may name.
 inline constexpr int kMaxConfigShard = 4095;
+// LoadConfig reads no more than this: a config is a few KiB, so a larger file is the wrong one
+// (a log, a device), and reading it whole would only exhaust memory.
+inline constexpr int64_t kMaxConfigFileBytes = int64_t{1} << 20;
 
 struct GatewayConfig {
   std::string file;  // where it was loaded from (for messages)

@@ -1,10 +1,13 @@
 // CheckConfigEnvironment (see config_check.h): net::CheckEndpoint on the gateway's endpoint
-// options, its failures named by config key with the fix, and the key file's mode.
+// options, its failures named by config key with the fix, that the gateway's own certificate
+// verifies against its CA, and the key file's mode.
 #include "gateway/config_check.h"
 
 #include <sys/stat.h>
 
 #include <cstdio>
+
+#include "net/tls.h"
 
 namespace strait::gateway {
 namespace {
@@ -72,6 +75,12 @@ Status CheckConfigEnvironment(const GatewayConfig& config, std::vector<std::stri
                                 "; fix: " + blame.fix);
   }
   if (config.transport != net::Transport::kTls) return Status::Ok();
+  if (Status s = net::CheckOwnCertificateVerifies(config.tls_ca, config.tls_cert, config.tls_key);
+      !s.ok()) {
+    return InvalidArgumentError(config.file + ": tls.cert: " + std::string(s.message()) +
+                                "; fix: issue it from that CA (`strait-certs gateway`), or point "
+                                "tls.ca at the CA that signed it");
+  }
   // The key loaded, so it exists. Any access for others leaks the gateway's identity to every
   // local account; group read stays allowed, because that is how the documented setups let
   // straitd read a key it does not own (0640 root:strait; Kubernetes' defaultMode 0440 with

@@ -122,6 +122,31 @@ StatusOr<std::string> PeerRegion(SSL* ssl) {
   return regions[0];
 }
 
+Status CheckOwnCertificateVerifies(const std::string& ca_file, const std::string& cert_file,
+                                   const std::string& key_file) {
+  STRAIT_ASSIGN_OR_RETURN(std::unique_ptr<asio::ssl::context> ctx,
+                          MakeTlsContext(ca_file, cert_file, key_file, nullptr));
+  SSL_CTX* native = ctx->native_handle();
+  X509_STORE_CTX* verify = X509_STORE_CTX_new();
+  STACK_OF(X509)* chain = nullptr;
+  SSL_CTX_get0_chain_certs(native, &chain);
+  if (verify == nullptr ||
+      X509_STORE_CTX_init(verify, SSL_CTX_get_cert_store(native), SSL_CTX_get0_certificate(native),
+                          chain) != 1) {
+    X509_STORE_CTX_free(verify);
+    return InternalError("cannot verify the certificate chain '" + cert_file +
+                         "': " + OpenSslErrors());
+  }
+  const int error = X509_verify_cert(verify) == 1 ? X509_V_OK : X509_STORE_CTX_get_error(verify);
+  X509_STORE_CTX_free(verify);
+  ERR_clear_error();
+  if (error == X509_V_OK) return Status::Ok();
+  return InvalidArgumentError("certificate '" + cert_file +
+                              "' does not verify against the cluster CA '" + ca_file + "': " +
+                              X509_verify_cert_error_string(error) +
+                              " (every peer would refuse it)");
+}
+
 StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file) {
   FILE* f = std::fopen(cert_file.c_str(), "r");
   if (f == nullptr) {

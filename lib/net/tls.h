@@ -47,6 +47,13 @@ StatusOr<std::string> PeerRegion(SSL* ssl);
 // The region our own certificate file names (for checking the configuration at start).
 StatusOr<std::string> RegionOfCertificateFile(const std::string& cert_file);
 
+// Whether this gateway's own certificate chain verifies against `ca_file`, as its peers, which
+// trust the same CA, will verify it (issuer, signature, validity dates). MakeTlsContext does not
+// ask this, so that tests can play a gateway certified by another CA; the gateway's config check
+// does, so that an operator learns it before every peer refuses the gateway.
+Status CheckOwnCertificateVerifies(const std::string& ca_file, const std::string& cert_file,
+                                   const std::string& key_file);
+
 }  // namespace strait::net
 
 #endif  // STRAIT_LIB_NET_TLS_H_

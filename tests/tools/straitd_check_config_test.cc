@@ -134,6 +134,50 @@ TEST_F(StraitdCheckConfig, SyntaxOnlySkipsTheFiles) {
   EXPECT_EQ(RunStraitd({"--syntax-only"}).code, 2);  // only with --check-config
 }
 
+// A certificate from another CA than tls.ca (a CA replaced without reissuing): every peer would
+// refuse it at each handshake, so the check says so instead of "config OK".
+TEST_F(StraitdCheckConfig, ACertificateTheCaDidNotSignNamesTlsCert) {
+  ASSERT_TRUE(pki_->MakeCa("other").ok());
+  auto foreign = pki_->MakeGateway("other", "us", "us-foreign");
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  ASSERT_EQ(::chmod(foreign->key.c_str(), 0600), 0);
+  const Result r = Check(WriteConfig(us_.ca, foreign->cert, foreign->key));
+  EXPECT_EQ(r.code, 2) << r.out;
+  ExpectNames(r, {"config error:", "tls.cert:", "does not verify against the cluster CA",
+                  "every peer would refuse it", "fix:"});
+}
+
+// Flags after --check-config were read as file names ("cannot read config --syntax-only"), so
+// the order of the words changed what was checked; log settings that stop a start passed.
+TEST_F(StraitdCheckConfig, FlagsAfterCheckConfigAndBadLogSettingsAreRefused) {
+  const std::string file = WriteConfig(us_.ca, us_.cert, us_.key);
+  Result r = RunStraitd({"--check-config", "--syntax-only", file});
+  EXPECT_EQ(r.code, 2);
+  ExpectNames(r, {"'--syntax-only' is not a config file", "straitd --syntax-only --check-config"});
+  r = RunStraitd({"--log-level", "loud", "--check-config", file});
+  EXPECT_EQ(r.code, 2);
+  ExpectNames(r, {"--log-level", "loud"});
+  ::setenv("STRAIT_LOG_FORMAT", "xml", 1);
+  r = RunStraitd({"--check-config", file});
+  ::unsetenv("STRAIT_LOG_FORMAT");
+  EXPECT_EQ(r.code, 2);
+  ExpectNames(r, {"STRAIT_LOG_FORMAT", "xml"});
+}
+
+// A directory, a device or a huge file is not read as a config (/dev/zero grew without bound).
+TEST_F(StraitdCheckConfig, OnlyARegularFileOfAConfigsSizeIsRead) {
+  for (const std::string& path : {dir_, std::string("/dev/zero")}) {
+    const Result r = Check(path);
+    EXPECT_EQ(r.code, 2) << path;
+    ExpectNames(r, {"not a regular file"});
+  }
+  const std::string big = dir_ + "/big.toml";
+  std::ofstream(big) << std::string((size_t{1} << 20) + 1, '#');
+  const Result r = Check(big);
+  EXPECT_EQ(r.code, 2);
+  ExpectNames(r, {"is 1048577 bytes, more than a config's limit"});
+}
+
 // A start runs the same checks: the same error, the same usage exit code, before anything binds.
 TEST_F(StraitdCheckConfig, AStartFailsWithTheSameError) {
   const Result r = RunStraitd({"--config", WriteConfig(us_.ca, eu_.cert, eu_.key)});

@@ -126,25 +126,8 @@ int main(int argc, char** argv) {
                  "text (default) or json (one object per line: ts, level, subsystem, msg)");
   if (std::optional<int> done = strait::cli::Parse(app, argc, argv, "straitd")) return *done;
 
-  if (!check_files.empty()) {
-    std::vector<strait::gateway::GatewayConfig> configs;
-    for (const std::string& file : check_files) {
-      const std::optional<strait::gateway::GatewayConfig> config =
-          LoadCheckedConfig(file, /*log_warnings=*/false, syntax_only);
-      if (!config) return strait::kExitUsage;
-      configs.push_back(*config);
-    }
-    if (strait::Status s = strait::gateway::CheckConfigSet(configs); !s.ok()) {
-      std::fprintf(stderr, "config error: %s\n", s.message().c_str());
-      return strait::kExitUsage;
-    }
-    for (const auto& config : configs) std::printf("config OK: %s\n", config.Summary().c_str());
-    return 0;
-  }
-  if (config_file.empty()) {
-    std::fprintf(stderr, "straitd: --config FILE is required (or --check-config FILE)\n");
-    return strait::kExitUsage;
-  }
+  // The log settings first, so that --check-config refuses what would stop a start (systemd
+  // runs the check with the same flags and environment before it starts the daemon).
   if (!log_level.empty()) {
     auto level = strait::ParseLogLevel(log_level);
     if (!level.ok()) {
@@ -165,6 +148,36 @@ int main(int argc, char** argv) {
     strait::SetLogFormat(*format);
   } else if (strait::Status s = strait::InitLogFormatFromEnv(); !s.ok()) {
     std::fprintf(stderr, "straitd: %s\n", s.message().c_str());
+    return strait::kExitUsage;
+  }
+  if (!check_files.empty()) {
+    for (const std::string& file : check_files) {
+      // --check-config takes every word after it, so `--check-config --syntax-only f` would
+      // check a file named "--syntax-only" (and skip the flag): say how to write it instead.
+      if (!file.empty() && file[0] == '-') {
+        std::fprintf(stderr,
+                     "straitd: --check-config: '%s' is not a config file; give flags before "
+                     "--check-config (e.g. straitd --syntax-only --check-config FILE...)\n",
+                     file.c_str());
+        return strait::kExitUsage;
+      }
+    }
+    std::vector<strait::gateway::GatewayConfig> configs;
+    for (const std::string& file : check_files) {
+      const std::optional<strait::gateway::GatewayConfig> config =
+          LoadCheckedConfig(file, /*log_warnings=*/false, syntax_only);
+      if (!config) return strait::kExitUsage;
+      configs.push_back(*config);
+    }
+    if (strait::Status s = strait::gateway::CheckConfigSet(configs); !s.ok()) {
+      std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+      return strait::kExitUsage;
+    }
+    for (const auto& config : configs) std::printf("config OK: %s\n", config.Summary().c_str());
+    return 0;
+  }
+  if (config_file.empty()) {
+    std::fprintf(stderr, "straitd: --config FILE is required (or --check-config FILE)\n");
     return strait::kExitUsage;
   }
   const std::optional<strait::gateway::GatewayConfig> config =
