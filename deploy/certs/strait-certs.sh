@@ -36,7 +36,7 @@ Usage:
   $PROG ca      [--dir DIR] [--name CN] [--days N] [--force]
   $PROG gateway --region REGION [--dir DIR] [--name STEM] [--san TYPE:VALUE]... [--days N]
                 [--force]
-  $PROG show    [--dir DIR] [FILE.pem]
+  $PROG show    [--dir DIR] [FILE.pem]...
   $PROG help
   $PROG --version
 
@@ -49,9 +49,13 @@ Makes the certificates straitd's [tls] section names (ca, cert, key):
            SAN URI strait://region/REGION; extra SANs (e.g. --san DNS:gw0.example.org,
            --san IP:10.0.0.7) are added for other tools, straitd does not need them. Kept if it
            exists, was signed by this CA, names REGION and is valid for $RENEW_DAYS more days;
-           reissued otherwise or with --force. Default 365 days.
+           reissued otherwise or with --force. Default 365 days; cut, with a warning, to the
+           days the CA has left (a certificate stops verifying when its CA expires).
   show     the subject, region, issuer and validity of FILE (default: every *.pem in DIR), and
-           whether it chains to DIR/ca.pem.
+           whether it chains to DIR/ca.pem. FILE is a path, not a name in DIR. A FILE that is
+           missing or not a certificate is an error (the others are still shown).
+
+Exit status: 0 on success, 2 on any error (one line on stderr says what to do).
 
 REGION: 1-63 characters from a-z, 0-9, '.', '_' and '-' (the [region] straitd accepts).
 
@@ -70,6 +74,27 @@ die() {
   exit 2
 }
 note() { echo "$PROG: $*"; }
+# Something done, but not as asked (e.g. a validity cut short): on stderr, so it shows even when
+# stdout goes to a provisioning log.
+warn() { echo "$PROG: warning: $*" >&2; }
+
+# mkdir -p DIR, failing with one line of ours instead of mkdir's own (which set -e would turn
+# into exit 1 with the raw message). The reason is the text after the last ": " of mkdir's line
+# ("mkdir: cannot create directory 'x': Permission denied").
+make_dir() {
+  local out
+  out=$(mkdir -p "$1" 2>&1) ||
+    die "cannot create directory $1: ${out##*: }; give --dir a directory you can create or write to"
+}
+
+# A scratch directory inside DIR (so the final mv is a rename on one file system); an unwritable
+# DIR is one error line, not mktemp's.
+scratch_in() {
+  local tmp
+  tmp=$(mktemp -d "$DIR/.$1.XXXXXX" 2>/dev/null) ||
+    die "cannot write in $DIR; give --dir a directory you can write to"
+  printf '%s' "$tmp"
+}
 
 need_openssl() {
   command -v openssl >/dev/null ||
@@ -106,9 +131,9 @@ cmd_ca() {
   if ((FORCE == 1)) && [[ -e $crt ]]; then
     note "replacing the CA in $DIR (--force): reissue every gateway certificate with --force"
   fi
-  mkdir -p "$DIR"
+  make_dir "$DIR"
   local tmp
-  tmp=$(mktemp -d "$DIR/.ca.XXXXXX")
+  tmp=$(scratch_in ca)
   SCRATCH=$tmp
   new_key "$tmp/ca.key"
   openssl req -x509 -new -key "$tmp/ca.key" -sha256 -days "$DAYS" -subj "/CN=$CA_NAME" \
@@ -122,6 +147,42 @@ cmd_ca() {
   mv -f "$tmp/ca.pem" "$crt"
   rm -rf "$tmp"
   note "made CA $crt (key $key, $DAYS days): give ca.pem to every gateway, keep ca.key safe"
+}
+
+# Whole days, at most DAYS, that the CA at $1 stays valid from now: the largest n for which
+# openssl's -checkend says it has not expired n days (and a minute, for the time signing takes)
+# from now. A binary search over -checkend, so no date parsing that differs between systems.
+ca_days_left() {
+  local lo=0 hi=$DAYS mid
+  while ((lo < hi)); do
+    mid=$(((lo + hi + 1) / 2))
+    if openssl x509 -in "$1" -noout -checkend $((mid * 86400 + 60)) >/dev/null; then
+      lo=$mid
+    else
+      hi=$((mid - 1))
+    fi
+  done
+  printf '%s' "$lo"
+}
+
+# A certificate that outlives its CA stops verifying when the CA expires, whatever its own end
+# date says; so the requested validity is cut to the CA's and CAPPED says so (the warning comes
+# once the certificate, and so its real end date, exists), and a CA with less than a day left is
+# an error: there is nothing useful to issue until it is renewed.
+CAPPED=""
+cap_days_to_ca() {
+  local ca=$1 left ca_end
+  openssl x509 -in "$ca" -noout -checkend $((DAYS * 86400 + 60)) >/dev/null && return 0
+  ca_end=$(openssl x509 -in "$ca" -noout -enddate | sed 's/^notAfter=//')
+  left=$(ca_days_left "$ca")
+  if ((left == 0)); then
+    local when="expires within a day"
+    openssl x509 -in "$ca" -noout -checkend 0 >/dev/null || when="has expired"
+    die "the CA $ca $when ($ca_end); renew it ($PROG ca --dir $DIR --force), then reissue" \
+      "every gateway certificate"
+  fi
+  CAPPED="$DAYS days would outlive the CA (it ends $ca_end); capped to $left days"
+  DAYS=$left
 }
 
 cmd_gateway() {
@@ -161,8 +222,9 @@ cmd_gateway() {
     fi
     note "reissuing $crt: $why"
   fi
+  cap_days_to_ca "$ca"
   local tmp
-  tmp=$(mktemp -d "$DIR/.gw.XXXXXX")
+  tmp=$(scratch_in gw)
   SCRATCH=$tmp
   cat >"$tmp/ext" <<EOF
 basicConstraints=critical,CA:FALSE
@@ -184,12 +246,40 @@ EOF
   mv -f "$tmp/gw.key" "$key"
   mv -f "$tmp/gw.pem" "$crt"
   rm -rf "$tmp"
+  if [[ -n $CAPPED ]]; then
+    warn "$CAPPED, ending $(openssl x509 -in "$crt" -noout -enddate | sed 's/^notAfter=//');" \
+      "renew the CA ($PROG ca --dir $DIR --force), then reissue every gateway certificate"
+  fi
   note "made gateway certificate $crt (key $key, region $REGION, $DAYS days)"
 }
 
+# Shows one certificate; returns 1, after one error line on stderr, for a file that is missing,
+# unreadable or not a certificate, so that show can go on with the others and still fail.
 show_one() {
   local f=$1
-  openssl x509 -in "$f" -noout 2>/dev/null || { echo "$f: not a PEM certificate"; return 0; }
+  local bad=""
+  if [[ ! -e $f ]]; then
+    bad="no such file"
+    # FILE is a path from the current directory, not a name in --dir: point at the one meant.
+    if [[ $f != /* && -f $DIR/$f ]]; then
+      bad+=" (did you mean $DIR/$f? FILE is not looked up in --dir)"
+    else
+      bad+="; give the path of a certificate, or leave FILE out to show every *.pem in $DIR"
+    fi
+  elif [[ -d $f ]]; then
+    bad="is a directory; give '--dir $f' to show every *.pem in it"
+  elif [[ ! -r $f ]]; then
+    bad="cannot be read (permission denied); run as a user who can read it"
+  elif ! openssl x509 -in "$f" -noout 2>/dev/null; then
+    bad="not a PEM certificate"
+    if grep -q -- '-----BEGIN .*PRIVATE KEY-----' "$f" 2>/dev/null; then
+      bad+=" (it holds a private key; show the .pem next to it)"
+    fi
+  fi
+  if [[ -n $bad ]]; then
+    echo "$PROG: error: $f: $bad" >&2
+    return 1
+  fi
   local regions chain="no CA in $DIR to check against"
   regions=$(regions_of "$f" | paste -sd ' ')
   if [[ -f $DIR/ca.pem ]]; then
@@ -202,15 +292,17 @@ show_one() {
   echo "  $chain"
 }
 
+# Every file is shown or reported, then the exit status is die's (2) if any one failed.
 cmd_show() {
-  if (($# > 0)); then
-    for f in "$@"; do show_one "$f"; done
-    return 0
+  local files=("$@") failed=0
+  if ((${#files[@]} == 0)); then
+    [[ -d $DIR ]] || die "no such directory: $DIR; give --dir the directory the certificates are in"
+    shopt -s nullglob
+    files=("$DIR"/*.pem)
+    ((${#files[@]} > 0)) || die "no *.pem in $DIR"
   fi
-  shopt -s nullglob
-  local files=("$DIR"/*.pem)
-  ((${#files[@]} > 0)) || die "no *.pem in $DIR"
-  for f in "${files[@]}"; do show_one "$f"; done
+  for f in "${files[@]}"; do show_one "$f" || failed=1; done
+  ((failed == 0)) || exit 2
 }
 
 (($# >= 1)) || { usage >&2; exit 2; }

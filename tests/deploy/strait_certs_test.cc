@@ -3,7 +3,9 @@
 // run an all-reduce for a client in each region; a gateway whose certificate comes from another
 // CA (made by the same script) is refused, and the all-reduce fails instead of running with it.
 // Also the script's contract: re-running keeps the CA and valid certificates byte for byte,
-// --force replaces the CA, bad regions and a missing CA are errors.
+// --force replaces the CA, bad regions and a missing CA are errors; every error is one line on
+// stderr and exit 2 (show of a missing file or a non-certificate, a directory that cannot be
+// made), and a gateway certificate is never issued to outlive its CA.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -11,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -51,8 +54,10 @@ SpawnOptions LogTo(const std::string& log) {
   return o;
 }
 
+using strait::test::CapturedRun;
 using strait::test::FreePorts;
 using strait::test::KillProcesses;
+using strait::test::RunCaptured;
 using strait::test::RunProcess;
 using strait::test::SpawnProcess;
 using strait::test::StopProcesses;
@@ -84,6 +89,12 @@ class StraitCerts : public ::testing::Test {
   int Script(std::vector<std::string> args) {
     args.insert(args.begin(), {"bash", STRAIT_CERTS_SCRIPT});
     return RunProcess(args, LogTo(log_));
+  }
+
+  // The script with its stdout and stderr apart (errors and warnings must go to stderr).
+  CapturedRun ScriptCaptured(std::vector<std::string> args) {
+    args.insert(args.begin(), {"bash", STRAIT_CERTS_SCRIPT});
+    return RunCaptured(args);
   }
 
   // Writes the config of region `region` (TLS with `stem`.pem/.key from `pki`, trusting
@@ -180,6 +191,109 @@ TEST_F(StraitCerts, ScriptIsIdempotentAndKeepsTheCaUnlessForced) {
   EXPECT_NE(log.find("does not chain"), std::string::npos) << log;
 }
 
+size_t Lines(const std::string& s) { return std::count(s.begin(), s.end(), '\n'); }
+
+// show: a FILE that is missing, not a certificate (a key, garbage) or a directory is one error
+// line each on stderr and exit 2; the good files among them are still shown.
+TEST_F(StraitCerts, ShowReportsMissingAndNonCertificateFilesAndFails) {
+  const std::string pki = dir_ + "/pki";
+  ASSERT_EQ(Script({"ca", "--dir", pki}), 0);
+  ASSERT_EQ(Script({"gateway", "--dir", pki, "--region", "us-east"}), 0);
+  std::ofstream(dir_ + "/garbage.pem") << "not a certificate\n";
+
+  CapturedRun r = ScriptCaptured({"show", "--dir", pki, pki + "/us-east.pem"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("regions: us-east"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+
+  r = ScriptCaptured({"show", "--dir", pki, dir_ + "/nonexist.pem"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("nonexist.pem: no such file"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("not a PEM certificate"), std::string::npos) << r.out;
+
+  // A bare name is a path, not looked up in --dir; the error says where the file is.
+  r = ScriptCaptured({"show", "--dir", pki, "us-east.pem"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("did you mean " + pki + "/us-east.pem"), std::string::npos) << r.err;
+
+  r = ScriptCaptured({"show", "--dir", pki, pki + "/us-east.key"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("not a PEM certificate (it holds a private key"), std::string::npos)
+      << r.err;
+
+  // Several files: each reported, the good one shown, and the run still fails.
+  r = ScriptCaptured({"show", "--dir", pki, dir_ + "/garbage.pem", pki + "/us-east.pem",
+                      dir_ + "/nonexist.pem", pki});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 3u) << r.err;
+  EXPECT_NE(r.err.find("garbage.pem: not a PEM certificate"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nonexist.pem: no such file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(pki + ": is a directory"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("regions: us-east"), std::string::npos) << r.out;
+
+  // Every *.pem in DIR: one bad file fails the run after the others are shown.
+  std::ofstream(pki + "/junk.pem") << "junk\n";
+  r = ScriptCaptured({"show", "--dir", pki});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("junk.pem: not a PEM certificate"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("regions: us-east"), std::string::npos) << r.out;
+  r = ScriptCaptured({"show", "--dir", dir_ + "/no-such-dir"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.err;
+}
+
+// A --dir that cannot be made is the script's one error line (exit 2), not mkdir's own message.
+// (A path under a regular file: refused even for root, unlike a permission.)
+TEST_F(StraitCerts, AnUncreatableDirectoryIsOneErrorLine) {
+  std::ofstream(dir_ + "/file") << "x\n";
+  const std::string bad = dir_ + "/file/pki";
+  const CapturedRun r = ScriptCaptured({"ca", "--dir", bad});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("error: cannot create directory " + bad + ": Not a directory"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("mkdir:"), std::string::npos) << r.err;
+}
+
+// A gateway certificate never ends after its CA: longer --days are cut to the CA's remaining
+// whole days with one warning line on stderr; a CA with less than a day left is an error.
+TEST_F(StraitCerts, GatewayValidityIsCappedToTheCa) {
+  const std::string pki = dir_ + "/pki";
+  ASSERT_EQ(Script({"ca", "--dir", pki, "--days", "10"}), 0);
+  // Within the CA's validity: issued as asked, no warning.
+  CapturedRun r = ScriptCaptured({"gateway", "--dir", pki, "--region", "eu-west", "--days", "5"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("5 days"), std::string::npos) << r.out;
+
+  r = ScriptCaptured({"gateway", "--dir", pki, "--region", "us-east", "--days", "365"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("warning: 365 days would outlive the CA"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("capped to 9 days, ending"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("renew the CA"), std::string::npos) << r.err;
+  // The certificate ends within the CA's 10 days (openssl -checkend N: 0 while still valid
+  // N seconds from now), after 8 of them.
+  const std::string cert = pki + "/us-east.pem";
+  EXPECT_NE(RunProcess({"openssl", "x509", "-in", cert, "-noout", "-checkend", "864000"},
+                       LogTo(log_)),
+            0);
+  EXPECT_EQ(RunProcess({"openssl", "x509", "-in", cert, "-noout", "-checkend", "691200"},
+                       LogTo(log_)),
+            0);
+
+  const std::string short_pki = dir_ + "/short-pki";
+  ASSERT_EQ(Script({"ca", "--dir", short_pki, "--days", "1"}), 0);
+  r = ScriptCaptured({"gateway", "--dir", short_pki, "--region", "us-east"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("expires within a day"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(short_pki + "/us-east.pem"));
+}
+
 TEST_F(StraitCerts, GatewaysWithScriptCertificatesAllReduceAndRefuseAnotherCa) {
   const std::string pki = dir_ + "/pki", other = dir_ + "/other-pki";
   ASSERT_EQ(Script({"ca", "--dir", pki}), 0);
@@ -207,25 +321,54 @@ TEST_F(StraitCerts, GatewaysWithScriptCertificatesAllReduceAndRefuseAnotherCa) {
   }
   pids_.clear();
 
-  // 2. eu-west's certificate from another CA (it still trusts the cluster CA, so only us-east's
-  // check can stop it): us-east refuses it, and no all-reduce runs across the pair.
+  // 2. A gateway certified by another CA (a rogue one, trusting its own CA: straitd's config
+  // check refuses a certificate that does not verify against the configured CA, see 3.):
+  // us-east refuses it, and no all-reduce runs across the pair.
   ports = FreePorts(2);
   const std::string us_log = dir_ + "/us-east.log";
   std::ofstream(us_log, std::ios::trunc).close();
   StartGateway("us-east", pki, "us-east", pki, ports[0], "eu-west", ports[1]);
-  StartGateway("eu-west", other, "eu-west", pki, ports[1], "us-east", ports[0]);
+  StartGateway("eu-west", other, "eu-west", other, ports[1], "us-east", ports[0]);
   ASSERT_FALSE(HasFatalFailure());
   status = AllReduce({"us-east", "eu-west"}, 6, &out);
   EXPECT_FALSE(status[0].ok()) << "us-east all-reduced with a gateway certified by another CA";
   EXPECT_FALSE(status[1].ok()) << "eu-west (another CA's certificate) completed an all-reduce";
-  // The refusal is us-east's certificate check, logged as such (not a timeout for another reason).
+  // The refusal is a certificate check, logged as such by us-east (not a timeout for another
+  // reason): us-east's own ("certificate verify failed"), or the rogue's refusal of us-east's
+  // certificate, whichever handshake came first ("unknown ca").
+  const auto refused = [](const std::string& text) {
+    return text.find("certificate verify failed") != std::string::npos ||
+           text.find("alert unknown ca") != std::string::npos;
+  };
   std::string log;
   for (int i = 0; i < 100; ++i) {
     log = ReadFile(us_log);
-    if (log.find("certificate verify failed") != std::string::npos) break;
+    if (refused(log)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_NE(log.find("certificate verify failed"), std::string::npos) << log;
+  EXPECT_TRUE(refused(log)) << log;
+  for (int code : StopProcesses(&pids_, 10)) EXPECT_EQ(code, 0);
+  pids_.clear();
+
+  // 3. A gateway whose own certificate is not from the CA it is configured to trust (a CA
+  // replaced without reissuing): the check and the start refuse it, naming tls.cert, instead of
+  // a gateway that says OK and that every peer refuses.
+  const std::string file = dir_ + "/mixed.toml";
+  std::ofstream(file) << "region = \"eu-west\"\nshard_index = 0\n[local]\nsocket = \""
+                      << dir_ << "/mixed.sock\"\nallowed_uids = [" << ::getuid() << "]\n[wan]\nlisten = \"127.0.0.1:"
+                      << FreePorts(1)[0] << "\"\n[tls]\nca = \"" << pki
+                      << "/ca.pem\"\ncert = \"" << other << "/eu-west.pem\"\nkey = \"" << other
+                      << "/eu-west.key\"\n[peers.us-east]\nshard_0 = \"127.0.0.1:1\"\n";
+  const std::string mixed_log = dir_ + "/mixed.log";
+  for (const char* mode : {"--check-config", "--config"}) {
+    std::ofstream(mixed_log, std::ios::trunc).close();
+    EXPECT_EQ(RunProcess({STRAITD_PATH, mode, file}, LogTo(mixed_log)), 2) << mode;
+    const std::string out = ReadFile(mixed_log);
+    EXPECT_NE(out.find("tls.cert: certificate '" + other + "/eu-west.pem' does not verify "
+                       "against the cluster CA"),
+              std::string::npos)
+        << mode << ": " << out;
+  }
 }
 
 }  // namespace
