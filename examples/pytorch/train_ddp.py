@@ -13,7 +13,8 @@
 # Rank 0 prints per-step loss and step time, then the test accuracy, and with --log FILE writes
 # the run as JSON. Every rank checks at the end that all ranks hold bit-identical parameters
 # (a SHA-256 per rank, gathered). Any failure (a Strait error, a dead peer, a timeout) prints
-# one line "train_ddp: error: ..." and exits 1 within --timeout.
+# one line "train_ddp: error: ..." and exits 1 within --timeout; a usage problem (no launcher's
+# variables, an unreadable run log for --plot) prints one such line and exits 2.
 import argparse
 import datetime
 import hashlib
@@ -24,7 +25,8 @@ import time
 
 
 def parse():
-    p = argparse.ArgumentParser(description="Trains an MLP on load_digits with DDP across regions, with or without the Strait hook.")
+    p = argparse.ArgumentParser(description="Trains an MLP on load_digits with DDP across "
+                                            "regions, with or without the Strait hook.")
     p.add_argument("--hook", choices=["none", "strait"], default="strait")
     p.add_argument("--compression", default=os.environ.get("STRAIT_COMPRESSION", "int8,ef"),
                    help='the job\'s policy: "none", "zstd", "int8[,ef|,noef]", ... (--hook strait)')
@@ -54,27 +56,74 @@ def parse():
     return p.parse_args()
 
 
-def plot(out, runs):
+class UsageError(Exception):
+    """A problem the user fixes (a missing variable, an unreadable run log): one line, exit 2."""
+
+
+def read_run(path):
+    try:
+        with open(path) as f:
+            run = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read run log {path}: {e.strerror or e}; give run logs "
+                         "written by --log")
+    except ValueError as e:  # bad JSON or bad UTF-8
+        raise UsageError(f"{path} is not valid JSON ({e}): give run logs written by --log")
+    try:
+        label = (f'{run["label"]} (acc {100 * run["accuracy"]:.1f}%, '
+                 f'{1000 * run["step_time_s"]:.1f} ms/step)')
+        steps = [s["step"] for s in run["steps"]], [s["loss"] for s in run["steps"]]
+    except KeyError as e:
+        raise UsageError(f"{path} is not a run log written by --log: it has no {e}")
+    except (TypeError, ValueError):  # a value of the wrong type, or not a JSON object at all
+        raise UsageError(f"{path} is not a run log written by --log: it needs label, accuracy, "
+                         "step_time_s and steps")
+    return label, steps
+
+
+def plot(out, paths):
+    if not paths:
+        raise UsageError("--plot: no runs given; name the run logs written by --log after it")
+    # Every log is read before plotting: a bad one fails fast and writes no partial figure.
+    runs = [read_run(path) for path in paths]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     # Lossless and int8 runs often overlap: distinct line styles keep each visible.
     styles = ["-", "--", ":", "-."]
-    for k, path in enumerate(runs):
-        with open(path) as f:
-            run = json.load(f)
-        label = f'{run["label"]} (acc {100 * run["accuracy"]:.1f}%, {1000 * run["step_time_s"]:.1f} ms/step)'
-        ax.plot([s["step"] for s in run["steps"]], [s["loss"] for s in run["steps"]], label=label,
-                linestyle=styles[k % len(styles)], linewidth=2.5 - 0.5 * (k % 3))
+    for k, (label, (x, y)) in enumerate(runs):
+        ax.plot(x, y, label=label, linestyle=styles[k % len(styles)],
+                linewidth=2.5 - 0.5 * (k % 3))
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
     ax.legend()
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}; give a writable path")
     print(f"train_ddp: wrote {out}")
+
+
+def check_env():
+    """Fails in one line, before torch loads, when no launcher set the variables train() reads
+    (init_process_group's env:// needs MASTER_ADDR and MASTER_PORT)."""
+    needed = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [v for v in needed if not os.environ.get(v)]
+    if missing:
+        raise UsageError(
+            f"${', $'.join(missing)} not set: run one process per rank under a launcher, e.g. "
+            "python3 -m strait.launch --regions 2 --ranks 2 -- python3 "
+            "examples/pytorch/train_ddp.py ..., or torchrun --nnodes REGIONS --nproc-per-node "
+            "RANKS ...")
+    for v, least in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)):
+        value = os.environ.get(v)
+        if value is not None and not (value.isdigit() and int(value) >= least):
+            raise UsageError(f"${v}={value!r} is not a whole number >= {least}: set it as "
+                             "torchrun does, or start the ranks with python3 -m strait.launch")
 
 
 def data(seed, input_dim):
@@ -216,9 +265,14 @@ def train(args):
 
 def main():
     args = parse()
-    if args.plot:
-        plot(args.plot, args.runs)
-        return 0
+    try:
+        if args.plot:
+            plot(args.plot, args.runs)
+            return 0
+        check_env()
+    except UsageError as e:
+        print(f"train_ddp: error: {e}", file=sys.stderr)
+        return 2
     try:
         train(args)
     except SystemExit:

@@ -9,7 +9,8 @@
 # Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 # STRAIT_REGION (r<region>) and STRAIT_GATEWAY (its straitd's socket). Exit status: 0 when every
 # rank exited 0; else the first failing rank's status, after the others were given --grace
-# seconds and then killed (a rank never outlives the launcher).
+# seconds and then killed (a rank never outlives the launcher); 2 with one line on stderr when
+# the launch cannot begin (bad arguments, --workdir, a straitd or the command cannot start).
 import argparse
 import os
 import shutil
@@ -45,7 +46,9 @@ def make_pki(workdir, regions):
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python3 -m strait.launch", description="Runs a command as regions x ranks local processes, each with its own straitd.")
+    p = argparse.ArgumentParser(prog="python3 -m strait.launch",
+                                description="Runs a command as regions x ranks local processes, "
+                                            "each with its own straitd.")
     p.add_argument("--regions", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2, help="ranks per region")
     p.add_argument("--straitd", help="straitd binary (default: $STRAITD or build/*/tools/straitd)")
@@ -74,14 +77,32 @@ def parse(argv):
         p.error("no command given (after --)")
     if a.regions < 1 or a.ranks < 1:
         p.error(f"--regions {a.regions} --ranks {a.ranks}: both must be at least 1")
+    if a.regions < 2 and not a.no_gateways:
+        # Each straitd needs a peer region: with one region there is nothing to reduce across,
+        # and straitd would refuse its generated config (no peers) after the launch began.
+        p.error(f"--regions {a.regions}: the straitds' cross-region all-reduce needs at least 2 "
+                "regions; give --regions 2 or more, or --no-gateways for plain DDP")
     return a
 
 
 def main(argv=None):
     a = parse(sys.argv[1:] if argv is None else argv)
     own_dir = a.workdir is None
-    workdir = a.workdir or tempfile.mkdtemp(prefix="strait-launch-")
-    os.makedirs(workdir, exist_ok=True)
+    try:
+        workdir = a.workdir or tempfile.mkdtemp(prefix="strait-launch-")
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        # A --workdir that is a file or cannot be created is the user's to fix: one line, no
+        # traceback, before any straitd or rank starts.
+        if a.workdir is None:
+            print(f"strait.launch: cannot create a temporary directory: {e}; set $TMPDIR to a "
+                  "writable directory or give --workdir", file=sys.stderr)
+            return 2
+        why = ("it exists and is not a directory" if os.path.exists(a.workdir) else
+               e.strerror or str(e))
+        print(f"strait.launch: cannot use --workdir {a.workdir}: {why}; name a directory that "
+              "exists or can be created", file=sys.stderr)
+        return 2
     if a.wanem:
         prefix = lambda r: [a.wanem_bin, "exec", "--name", a.wanem, str(r), "--"]  # noqa: E731
         address = lambda r: f"10.201.{r}.1"  # noqa: E731
@@ -114,7 +135,16 @@ def main(argv=None):
                        MASTER_PORT=str(master_port), STRAIT_REGION=cluster.region_name(r))
             if gateways is not None:
                 env["STRAIT_GATEWAY"] = gateways.socket(r, i)
-            procs.append(subprocess.Popen(prefix(r) + a.command, env=env))
+            cmd = prefix(r) + a.command
+            try:
+                procs.append(subprocess.Popen(cmd, env=env))
+            except OSError as e:
+                # A command that cannot start (not found, not executable) would fail the same
+                # way on every rank: say which, and let `finally` stop what already runs.
+                what = "--wanem-bin" if a.wanem else "the command after --"
+                print(f"strait.launch: cannot run {cmd[0]}: {e.strerror or e}; check {what}",
+                      file=sys.stderr)
+                return 2
         first_bad = 0
         deadline = None
         while True:

@@ -201,3 +201,98 @@ def test_launch_without_a_straitd_says_where_it_looked(tmp_path):
         assert "RAN" not in r.stdout
         assert r.stderr.startswith("strait.launch: cannot start the straitds: " + expect), r.stderr
         assert "Traceback" not in r.stderr, r.stderr
+
+
+def run_launch(args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "strait.launch", *args], env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(r, start):
+    # A usage problem: exit 2 and a single line on stderr naming it, not a traceback.
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(start) and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_launch_refuses_a_workdir_it_cannot_use(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for workdir, why in ((afile, "it exists and is not a directory"),
+                         (afile / "sub", "Not a directory"),
+                         ("/proc/strait-nope", "No such file or directory")):
+        r = run_launch(["--no-gateways", "--regions", "1", "--ranks", "1", "--workdir",
+                        str(workdir), "--", sys.executable, "-c", "print('RAN')"])
+        one_line_error(r, f"strait.launch: cannot use --workdir {workdir}: {why}; name a "
+                          "directory")
+        assert "RAN" not in r.stdout
+
+
+def test_launch_says_when_the_command_cannot_run(straitd, tmp_path):
+    r = run_launch(["--no-gateways", "--regions", "1", "--ranks", "1", "--",
+                    str(tmp_path / "nonexistent-cmd")])
+    one_line_error(r, f"strait.launch: cannot run {tmp_path / 'nonexistent-cmd'}: No such file "
+                      "or directory; check the command after --")
+    # With straitds already up, they are stopped too: nothing of the launch outlives it.
+    workdir = tmp_path / "gw"
+    r = launch(straitd, workdir, [str(tmp_path / "nonexistent-cmd")], ranks=1, timeout=60)
+    one_line_error(r, "strait.launch: cannot run ")
+    assert any(name.endswith(".toml") for name in os.listdir(workdir)), "no straitd started"
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(workdir).encode() in f.read():
+                    left.append(pid)
+        except OSError:
+            continue
+    assert not left, f"processes of the launch still running: {left}"
+
+
+def test_launch_with_one_region_needs_no_gateways(tmp_path):
+    # The straitds reduce across regions: one region has no peer, so it is refused at parse
+    # time; plain DDP (--no-gateways) in one region is fine.
+    r = run_launch(["--regions", "1", "--ranks", "1", "--", sys.executable, "-c",
+                    "print('RAN')"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "RAN" not in r.stdout and "Traceback" not in r.stderr, r.stderr
+    assert "--regions 1: the straitds' cross-region all-reduce needs at least 2 regions" in \
+        r.stderr and "--no-gateways" in r.stderr, r.stderr
+    r = run_launch(["--no-gateways", "--regions", "1", "--ranks", "1", "--", sys.executable,
+                    "-c", "print('RAN')"])
+    assert r.returncode == 0 and r.stdout.count("RAN") == 1, r.stdout + r.stderr
+
+
+def test_training_example_without_a_launcher_says_how_to_run_it(tmp_path):
+    e = env()
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        e.pop(v, None)
+    r = subprocess.run([sys.executable, EXAMPLE, "--hook", "none"], env=e, capture_output=True,
+                       text=True, timeout=60)
+    one_line_error(r, "train_ddp: error: $RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT not "
+                      "set")
+    assert "python3 -m strait.launch --regions 2 --ranks 2" in r.stderr, r.stderr
+    assert "torchrun" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, EXAMPLE, "--hook", "none"], capture_output=True,
+                       env=dict(e, RANK="0", WORLD_SIZE="two", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT="1"), text=True, timeout=60)
+    one_line_error(r, "train_ddp: error: $WORLD_SIZE='two' is not a whole number")
+
+
+def test_training_example_plot_refuses_bad_run_logs(tmp_path):
+    png = tmp_path / "loss.png"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text('{"steps": []}')
+    for runs, start in (([tmp_path / "missing.json"],
+                         f"cannot read run log {tmp_path / 'missing.json'}: No such file"),
+                        ([bad], f"{bad} is not valid JSON"),
+                        ([other], f"{other} is not a run log written by --log: it has no "
+                                  "'label'"),
+                        ([], "--plot: no runs given")):
+        r = subprocess.run([sys.executable, EXAMPLE, "--plot", str(png), *map(str, runs)],
+                           env=env(), capture_output=True, text=True, timeout=60)
+        one_line_error(r, "train_ddp: error: " + start)
+        assert not png.exists()
