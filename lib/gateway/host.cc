@@ -49,7 +49,10 @@ StatusOr<int> LockShard(const GatewayConfig& config, int shard, bool keep) {
     // bound; without write access there the lock cannot guard anything, and the start fails on
     // the socket anyway.
     return ErrnoStatus("cannot open the shard lock " + path, err, StatusCode::kUnavailable,
-                       "; fix: make local.socket's directory writable for straitd");
+                       err == ENOENT
+                           ? "; fix: create local.socket's directory, owned by straitd's user "
+                             "(systemd: RuntimeDirectory=strait makes /run/strait)"
+                           : "; fix: make local.socket's directory writable for straitd");
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;

@@ -134,7 +134,8 @@ std::string WanHostTuningAdvice() {
   return "net.ipv4.tcp_slow_start_after_idle=1: every all-reduce after an idle gap (a compute "
          "phase) restarts TCP slow start on the WAN links and runs below the link rate; set it "
          "to 0 on gateway hosts (sysctl -w net.ipv4.tcp_slow_start_after_idle=0, or "
-         "/etc/sysctl.d/; in Kubernetes a pod sysctl, see deploy/README.md)";
+         "/etc/sysctl.d/; in Kubernetes with hostNetwork it is the node's setting, not a pod "
+         "sysctl: see deploy/README.md)";
 }
 
 }  // namespace strait::net
