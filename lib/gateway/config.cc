@@ -431,6 +431,14 @@ Status ReadLink(Reader& top, const std::string& file, GatewayConfig* c) {
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("handshake_timeout", &c->link.handshake_timeout_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("unreachable_after", &c->link.unreachable_after_ns));
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("stream_timeout", &c->link.stream_timeout_ns));
+  if (const toml::node* n = r.Get("stream_timeout");
+      n != nullptr && c->link.stream_timeout_ns <= c->link.ping_interval_ns) {
+    // A stream is declared dead when nothing, not even a keepalive ping, came for this long.
+    return r.Error(n->source(), "link.stream_timeout",
+                   "found \"" + std::string(*n->value<std::string>()) +
+                       "\"; allowed: longer than the streams' keepalive interval (" +
+                       std::to_string(c->link.ping_interval_ns / 1'000'000) + "ms), e.g. \"10s\"");
+  }
   STRAIT_RETURN_IF_ERROR(r.ReadDuration("tcp_rto_max", &c->link.tcp_rto_max_ns));
   if (const toml::node* n = r.Get("tcp_rto_max");
       n != nullptr && (c->link.tcp_rto_max_ns < net::kMinTcpRtoMaxNs ||
