@@ -263,7 +263,8 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   CLI::Option* size =
       cmd.add_option("--size", f->size, "Bytes all-reduced per iteration (e.g. 64MiB); one size")
           ->transform(SizeValidator(1024, uint64_t{4} << 30))
-          ->capture_default_str();
+          ->type_name("SIZE")
+          ->default_str("64MiB");
   // nccl-tests' sweep flags, short and long forms alike.
   CLI::Option* min_bytes =
       cmd.add_option("-b,--minbytes", f->min_bytes,

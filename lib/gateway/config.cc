@@ -134,6 +134,22 @@ Status ReadTopLevel(Reader& top, GatewayConfig* c) {
   }
   const toml::node* index = top.Get("shard_index");
   const toml::node* set = top.Get("shards");
+  if (index == nullptr && set == nullptr) {
+    // A misspelt key (`shard_idx`) is the likelier mistake than a forgotten one: name it, as the
+    // unknown-key check at the end would, rather than report shard_index missing.
+    static constexpr std::string_view kTopLevel[] = {"region", "shard_index", "shards", "local",
+                                                     "wan",    "tls",         "peers",  "link",
+                                                     "policy", "allreduce",   "metrics"};
+    for (const auto& entry : top.table()) {
+      const toml::key& key = entry.first;
+      if (std::find(std::begin(kTopLevel), std::end(kTopLevel), key.str()) ==
+          std::end(kTopLevel)) {
+        return top.Error(key.source(), std::string(key.str()),
+                         "unknown key; allowed keys here: region, shard_index, shards, local, "
+                         "wan, tls, peers, link, policy, allreduce, metrics");
+      }
+    }
+  }
   if ((index == nullptr) == (set == nullptr)) {
     const toml::node* at = index != nullptr ? index : set;
     const std::string why =

@@ -363,11 +363,11 @@ TEST_F(StraitCerts, GatewaysWithScriptCertificatesAllReduceAndRefuseAnotherCa) {
   for (const char* mode : {"--check-config", "--config"}) {
     std::ofstream(mixed_log, std::ios::trunc).close();
     EXPECT_EQ(RunProcess({STRAITD_PATH, mode, file}, LogTo(mixed_log)), 2) << mode;
-    const std::string out = ReadFile(mixed_log);
-    EXPECT_NE(out.find("tls.cert: certificate '" + other + "/eu-west.pem' does not verify "
-                       "against the cluster CA"),
+    const std::string said = ReadFile(mixed_log);
+    EXPECT_NE(said.find("tls.cert: certificate '" + other + "/eu-west.pem' does not verify "
+                        "against the cluster CA"),
               std::string::npos)
-        << mode << ": " << out;
+        << mode << ": " << said;
   }
 }
 

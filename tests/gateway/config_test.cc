@@ -130,6 +130,8 @@ struct BadCase {
 const BadCase kBadCases[] = {
     {"unknown top-level key", "shard_index = 1", "shard_index = 1\nregoin = \"x\"",
      "f.toml:3:1: regoin: unknown key; allowed keys here: region, shard_index"},
+    {"misspelt shard_index", "shard_index = 1", "shard_idx = 1",
+     "f.toml:2:1: shard_idx: unknown key; allowed keys here: region, shard_index"},
     {"missing region", "region = \"us-east\"\n", "", "(top level): missing required key `region`"},
     {"bad region", "region = \"us-east\"", "region = \"us east\"",
      "f.toml:1:10: region: found \"us east\"; allowed: 1-63 characters"},
