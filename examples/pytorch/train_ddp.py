@@ -13,8 +13,9 @@
 # Rank 0 prints per-step loss and step time, then the test accuracy, and with --log FILE writes
 # the run as JSON. Every rank checks at the end that all ranks hold bit-identical parameters
 # (a SHA-256 per rank, gathered). Any failure (a Strait error, a dead peer, a timeout) prints
-# one line "train_ddp: error: ..." and exits 1 within --timeout; a usage problem (no launcher's
-# variables, an unreadable run log for --plot) prints one such line and exits 2.
+# one line "train_ddp: error: ..." and exits 1 within --timeout; a usage problem (a bad option,
+# no launcher's variables, run logs without --plot, an unreadable run log for --plot) prints one
+# such line and exits 2.
 import argparse
 import datetime
 import hashlib
@@ -24,9 +25,17 @@ import sys
 import time
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad option is one line and exit status 2, like the script's other usage errors, not
+    argparse's usage block above the message (--help still prints it)."""
+
+    def error(self, message):
+        self.exit(2, f"train_ddp: error: {message}; see train_ddp.py --help\n")
+
+
 def parse():
-    p = argparse.ArgumentParser(description="Trains an MLP on load_digits with DDP across "
-                                            "regions, with or without the Strait hook.")
+    p = Parser(description="Trains an MLP on load_digits with DDP across regions, with or "
+                           "without the Strait hook.")
     p.add_argument("--hook", choices=["none", "strait"], default="strait")
     p.add_argument("--compression", default=os.environ.get("STRAIT_COMPRESSION", "int8,ef"),
                    help='the job\'s policy: "none", "zstd", "int8[,ef|,noef]", ... (--hook strait)')
@@ -269,6 +278,11 @@ def main():
         if args.plot:
             plot(args.plot, args.runs)
             return 0
+        if args.runs:
+            # Training would silently ignore them: a forgotten --plot, or a stray word.
+            raise UsageError(f"run logs given without --plot ({' '.join(args.runs)}): they are "
+                             "only read with --plot; plot them with train_ddp.py --plot OUT.png "
+                             "RUN.json ..., or drop them to train")
         check_env()
     except UsageError as e:
         print(f"train_ddp: error: {e}", file=sys.stderr)

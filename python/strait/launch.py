@@ -11,6 +11,7 @@
 # rank exited 0; else the first failing rank's status, after the others were given --grace
 # seconds and then killed (a rank never outlives the launcher); 2 with one line on stderr when
 # the launch cannot begin (bad arguments, --workdir, a straitd or the command cannot start).
+# --help prints the options.
 import argparse
 import os
 import shutil
@@ -45,10 +46,18 @@ def make_pki(workdir, regions):
             "key": lambda r: os.path.join(workdir, cluster.region_name(r) + ".key")}
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit status 2, like the launch's other setup
+    errors, not argparse's usage block above the message (--help still prints it)."""
+
+    def error(self, message):
+        self.exit(2, f"strait.launch: {message}; see python3 -m strait.launch --help\n")
+
+
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python3 -m strait.launch",
-                                description="Runs a command as regions x ranks local processes, "
-                                            "each with its own straitd.")
+    p = Parser(prog="python3 -m strait.launch",
+               description="Runs a command as regions x ranks local processes, each with its own "
+                           "straitd.")
     p.add_argument("--regions", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2, help="ranks per region")
     p.add_argument("--straitd", help="straitd binary (default: $STRAITD or build/*/tools/straitd)")
@@ -73,15 +82,18 @@ def parse(argv):
     a = p.parse_args(argv)
     if a.command and a.command[0] == "--":
         a.command = a.command[1:]
+    # These say what to do themselves: one line, without argparse's pointer to --help.
+    refuse = lambda message: p.exit(2, f"strait.launch: {message}\n")  # noqa: E731
     if not a.command:
-        p.error("no command given (after --)")
+        refuse("no command given: put it after --, e.g. python3 -m strait.launch --regions 2 "
+               "--ranks 2 -- python3 train.py")
     if a.regions < 1 or a.ranks < 1:
-        p.error(f"--regions {a.regions} --ranks {a.ranks}: both must be at least 1")
+        refuse(f"--regions {a.regions} --ranks {a.ranks}: both must be at least 1")
     if a.regions < 2 and not a.no_gateways:
         # Each straitd needs a peer region: with one region there is nothing to reduce across,
         # and straitd would refuse its generated config (no peers) after the launch began.
-        p.error(f"--regions {a.regions}: the straitds' cross-region all-reduce needs at least 2 "
-                "regions; give --regions 2 or more, or --no-gateways for plain DDP")
+        refuse(f"--regions {a.regions}: the straitds' cross-region all-reduce needs at least 2 "
+               "regions; give --regions 2 or more, or --no-gateways for plain DDP")
     return a
 
 

@@ -26,9 +26,9 @@
 # Failures (the gateway unreachable or its deadline passed, another rank dead, a region that
 # disagrees) fail the bucket's future with a strait.StraitError (the region group's own errors
 # are wrapped in one, code ERROR_ABORTED); DDP raises it from backward() as a RuntimeError whose
-# message names it, and state.error holds the StraitError itself; the state then stays failed. Give the process groups a
-# timeout no longer than the Strait deadline so that a rank waiting for a dead peer inside the
-# region fails in time too.
+# message names it, and state.error holds the StraitError itself; the state then stays failed.
+# Give the process groups a timeout no longer than the Strait deadline so that a rank waiting for
+# a dead peer inside the region fails in time too.
 import datetime
 import queue
 import threading
