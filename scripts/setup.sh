@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
-# Installs, from Debian 12's packages, everything Strait needs to build, test and benchmark.
-# Idempotent: packages already present are left alone and nothing is downloaded for them.
-# Needs root (or sudo) and a reachable Debian mirror only when something is missing.
+# Installs, from Debian 12's packages, everything Strait needs to build, test and benchmark: the
+# toolchain, the libraries it links, the test tools and python3-torch & co. (PACKAGES in this
+# script). Idempotent: packages already present are left alone and nothing is downloaded for them,
+# so a second run takes about 2 s; a first one minutes, most of them downloading. Builds nothing.
+# Needs root (or sudo without a password) and a reachable Debian mirror only when something is
+# missing. Reads no environment variables. scripts/demo.sh, test.sh and tsan.sh run it first.
+#
+#   scripts/setup.sh             # install what is missing
+#   scripts/setup.sh --help      # print this and exit (-h too); it takes no other argument
 set -euo pipefail
+
+for a in "$@"; do
+  case $a in
+    # The header above, without the shebang and the comment marks.
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+  esac
+done
+if (($#)); then
+  echo "setup.sh: unexpected argument '$1': it takes none; see scripts/setup.sh --help" >&2
+  exit 2
+fi
 
 PACKAGES=(
   # Toolchain.

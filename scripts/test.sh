@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
-# Quick-start command 2 (and what CI runs): installs what is missing, builds the `ci` preset
-# (clang, AddressSanitizer + UndefinedBehaviorSanitizer, libFuzzer targets, warnings as errors;
-# line tables as debug info: all the sanitizers' reports need, and 8-10% less compile time than
-# full -g) and runs every test, fuzz runs included (20 s per target). Exits non-zero when any test fails.
+# Quick-start command 2 (and what CI runs, through .ci/run): installs what is missing
+# (scripts/setup.sh), builds the `ci` preset in build/ci (clang, AddressSanitizer +
+# UndefinedBehaviorSanitizer, libFuzzer targets, warnings as errors; line tables as debug info:
+# all the sanitizers' reports need, and 8-10% less compile time than full -g) and runs every test
+# with ctest, fuzz runs included (20 s per target), then the Python tests (python/tests) against
+# that build. Where nvcc is found (/usr/local/cuda/bin or $PATH) it also builds the `cuda` preset
+# and runs the `gpu` tests. On 2 cores it takes 21 to 27 minutes from a fresh clone (about half
+# building, half testing; README.md, "Quick start"). It sets STRAIT_LIBRARY, STRAITD, LD_PRELOAD
+# and ASAN_OPTIONS for the Python tests itself and reads no environment variables of its own.
+# Exits non-zero when any test fails.
+#
+#   scripts/test.sh              # install, build, run every test
+#   scripts/test.sh --help       # print this and exit (-h too); it takes no other argument
 set -euo pipefail
+for a in "$@"; do
+  case $a in
+    # The header above, without the shebang and the comment marks.
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+  esac
+done
+if (($#)); then
+  echo "test.sh: unexpected argument '$1': it takes none; see scripts/test.sh --help" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 start=$(date +%s)
