@@ -28,6 +28,7 @@
 #include "bench/wanem/probe.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "common/units.h"
 #include "common/version.h"
 #include "tools/cli/cli.h"
@@ -65,7 +66,9 @@ void AddTopologyFlags(CLI::App* sub, TopologyFlags& f) {
                   "'*>2=syn=drop': region 2 admits no inbound TCP connection); repeatable");
   sub->add_option("--schedule", f.schedule, "Schedule file of timed changes (see bench/README.md)");
   sub->add_option("--mtu", f.mtu, "MTU of the region devices (576-65535)")->capture_default_str();
-  sub->add_option("--cc", f.cc, "TCP congestion control in every region: bbr, cubic, reno")
+  sub->add_option("--cc", f.cc,
+                  "TCP congestion control in every region: one of sysctl "
+                  "net.ipv4.tcp_allowed_congestion_control, e.g. bbr, cubic, reno")
       ->capture_default_str();
   sub->add_flag("--no-gso", f.no_gso,
                 "Turn software GSO off in the regions (costs CPU; packets are MTU-sized either "
@@ -86,14 +89,27 @@ StatusOr<EmulatorOptions> BuildOptions(const TopologyFlags& f) {
     return InvalidArgumentError("bad --mtu " + std::to_string(f.mtu) + ": must be 576..65535");
   }
   o.mtu = f.mtu;
-  if (f.cc.empty() || f.cc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
-                           std::string::npos) {
-    return InvalidArgumentError("bad --cc '" + f.cc + "': use bbr, cubic or reno");
+  // Checked here, before any namespace exists (SetUpRegion checks again, for library users).
+  // Both lists are global, so the tool's own namespace reads the same as a region would; where
+  // /proc/sys cannot be read, the region's own check still reports a bad name.
+  auto available = ReadSysctl("net/ipv4/tcp_available_congestion_control");
+  auto allowed = ReadSysctl("net/ipv4/tcp_allowed_congestion_control");
+  if (available.ok() && allowed.ok()) {
+    STRAIT_RETURN_IF_ERROR(CheckCongestionControl(f.cc, *available, *allowed));
+  } else {
+    STRAIT_RETURN_IF_ERROR(CheckCongestionControl(f.cc, f.cc, f.cc));  // The name's form only.
   }
   o.cc = f.cc;
   o.gso = !f.no_gso;
   o.seed = f.seed;
   return o;
+}
+
+// "0", "0.5", "nan": a flag's value as the user would have typed it.
+std::string FormatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
 }
 
 int Fail(const Status& s) {
@@ -176,17 +192,26 @@ int Supervise(const sigset_t& set, Emulator& emu, pid_t child) {
   }
 }
 
-int CmdRun(const TopologyFlags& flags, std::vector<std::string> command, int in_region) {
+// `in` is --in (unset: COMMAND runs in the root namespace).
+int CmdRun(const TopologyFlags& flags, std::vector<std::string> command, std::optional<int> in) {
   auto options = BuildOptions(flags);
   if (!options.ok()) return Fail(options.status());
+  // --in is checked before the namespaces are made: a typo should cost no setup.
+  if (in.has_value() && command.empty()) {
+    return Fail(InvalidArgumentError("--in " + std::to_string(*in) +
+                                     " needs a command after -- to run in that region"));
+  }
+  if (in.has_value() && (*in < 0 || *in >= options->table.regions)) {
+    return Fail(InvalidArgumentError(
+        "bad --in " + std::to_string(*in) + ": regions are numbered 0.." +
+        std::to_string(options->table.regions - 1) + " (--regions " +
+        std::to_string(options->table.regions) + ")"));
+  }
+  const int in_region = in.value_or(-1);
   const sigset_t set = BlockSignals();
   DieWithParent();
   auto emu = Emulator::Start(std::move(*options));
   if (!emu.ok()) return Fail(emu.status());
-  if (in_region >= (*emu)->regions()) {
-    return Fail(InvalidArgumentError("bad --in " + std::to_string(in_region) + ": there are " +
-                                     std::to_string((*emu)->regions()) + " regions"));
-  }
   std::cout << kTool << ": instance '" << flags.name << "' up (" << (*emu)->regions()
             << " regions)\n";
   PrintRegions(**emu);
@@ -223,7 +248,7 @@ int CmdRun(const TopologyFlags& flags, std::vector<std::string> command, int in_
 }
 
 int CmdUp(const TopologyFlags& flags, bool foreground) {
-  if (foreground) return CmdRun(flags, {}, -1);
+  if (foreground) return CmdRun(flags, {}, std::nullopt);
   auto options = BuildOptions(flags);
   if (!options.ok()) return Fail(options.status());
   Status priv = CheckPrivileges();
@@ -285,6 +310,16 @@ int CmdDown(const std::string& name) {
   if (!v.ok()) return Fail(v);
   if (geteuid() != 0) return Fail(PermissionDeniedError("strait-wanem down needs root"));
   const pid_t pid = LiveInstancePid(name);
+  const size_t stale = ListNamespaces(NamespacePrefix(name)).size();
+  if (pid == 0 && stale == 0) {
+    // Like `ip netns del` or `docker rm` of an unknown name: a misspelt --name must not pass for
+    // a successful teardown. The repository's scripts tolerate this (`down ... || true`) where
+    // they clean up before `up`. Stray state files are still removed.
+    RemoveInstance(name).IgnoreError();
+    return Fail(NotFoundError("no instance '" + name + "' is up (no running owner, no " +
+                              NamespacePrefix(name) + "* namespace); `" + kTool +
+                              " list` shows the strait-<name>-r<i> namespaces there are"));
+  }
   if (pid > 0) {
     kill(pid, SIGTERM);
     Deadline d = Deadline::AfterSeconds(10.0);
@@ -296,7 +331,6 @@ int CmdDown(const std::string& name) {
       while (kill(pid, 0) == 0 && !d2.Expired()) usleep(20'000);
     }
   }
-  const size_t stale = ListNamespaces(NamespacePrefix(name)).size();
   Status s = RemoveInstance(name);
   if (!s.ok()) return Fail(s);
   std::cout << kTool << ": instance '" << name << "' down"
@@ -353,13 +387,22 @@ int CmdSelfcheck(TopologyFlags flags, const SelfcheckFlags& sc) {
     flags.link += ",rate=unlimited";
     for (auto& p : flags.pairs) p += ",rate=unlimited";
   }
+  // Each flag is named with its own range. Written as !(in range) so that NaN is refused too.
+  if (!(sc.seconds > 0 && sc.seconds <= 600)) {
+    return Fail(InvalidArgumentError("bad --seconds " + FormatNumber(sc.seconds) +
+                                     ": the measured window must be more than 0 and at most "
+                                     "600 seconds"));
+  }
+  if (!(sc.warmup_s >= 0 && sc.warmup_s <= 60)) {
+    return Fail(InvalidArgumentError("bad --warmup " + FormatNumber(sc.warmup_s) +
+                                     ": must be 0 to 60 seconds"));
+  }
+  if (sc.streams < 1 || sc.streams > 16) {
+    return Fail(InvalidArgumentError("bad --streams " + std::to_string(sc.streams) +
+                                     ": must be 1 to 16"));
+  }
   auto options = BuildOptions(flags);
   if (!options.ok()) return Fail(options.status());
-  if (sc.seconds <= 0 || sc.seconds > 600 || sc.warmup_s < 0 || sc.warmup_s > 60 ||
-      sc.streams < 1 || sc.streams > 16) {
-    return Fail(InvalidArgumentError("bad --seconds/--warmup/--streams: seconds 0-600, warmup "
-                                     "0-60, streams 1-16"));
-  }
   DieWithParent();
   const LinkTable table = options->table;
   const int mtu = options->mtu;
@@ -491,13 +534,14 @@ int RunCli(int argc, char** argv) {
 
   TopologyFlags run_flags, up_flags, sc_flags;
   std::vector<std::string> run_cmd, exec_cmd;
-  int run_in = -1;
+  std::optional<int> run_in;
   CLI::App* run = app.add_subcommand(
       "run", "Bring up the regions, run COMMAND (in the root namespace, or --in REGION), tear "
              "down when it exits or on SIGINT/SIGTERM/parent death; without COMMAND, run until "
              "signalled");
   AddTopologyFlags(run, run_flags);
-  run->add_option("--in", run_in, "Run COMMAND inside this region's namespace");
+  run->add_option("--in", run_in,
+                  "Run COMMAND inside this region's namespace (0 to regions-1; needs COMMAND)");
   run->add_option("command", run_cmd, "Command and arguments, after --");
 
   bool foreground = false;
@@ -526,12 +570,13 @@ int RunCli(int argc, char** argv) {
   sc_flags.name = "selfcheck";
   sc_flags.link = "50mbit,25ms";
   AddTopologyFlags(selfcheck, sc_flags);
-  selfcheck->add_option("--seconds", sc.seconds, "Measured window")->capture_default_str();
-  selfcheck->add_option("--warmup", sc.warmup_s, "Seconds before the window (slow start)")
+  selfcheck->add_option("--seconds", sc.seconds, "Measured window (more than 0, at most 600)")
+      ->capture_default_str();
+  selfcheck->add_option("--warmup", sc.warmup_s, "Seconds before the window (slow start), 0-60")
       ->capture_default_str();
   selfcheck->add_flag("--aggregate", sc.aggregate,
                       "Every pair unlimited, one TCP flow per directed pair; report the sum");
-  selfcheck->add_option("--streams", sc.streams, "TCP flows per directed pair (--aggregate)")
+  selfcheck->add_option("--streams", sc.streams, "TCP flows per directed pair (--aggregate), 1-16")
       ->capture_default_str();
   selfcheck->add_option("--min-aggregate-mbit", sc.min_aggregate_mbit,
                         "Pass mark for --aggregate")

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/strings.h"
 #include "common/units.h"
 
 namespace strait::wanem {
@@ -308,14 +309,27 @@ StatusOr<std::vector<ScheduleEvent>> ParseSchedule(std::string_view text, const 
     line = Trim(line);
     if (line.empty()) continue;
     const std::string where = std::string(origin) + ":" + std::to_string(line_no);
+    // Settings are printable ASCII. Anything else (most often a binary file passed as
+    // --schedule) is refused here, shown quoted: echoed raw in the errors below, its bytes would
+    // garble the terminal and break the message over several lines.
+    if (std::any_of(line.begin(), line.end(), [](char ch) {
+          const auto u = static_cast<unsigned char>(ch);
+          return (u < 0x20 && u != '\t') || u >= 0x7f;
+        })) {
+      return InvalidArgumentError(where + ": not a schedule line, it holds bytes that are not "
+                                  "printable ASCII: " + QuotedForError(line) +
+                                  "; a schedule is a text file of '<time> <pair> <settings>' "
+                                  "lines (see bench/README.md)");
+    }
     auto fields = SplitTokens(line);
     if (fields.size() < 3) {
       return InvalidArgumentError(where + ": expected '<time> <pair> <settings>', e.g. "
-                                  "'20s * rate=30%', got '" + std::string(line) + "'");
+                                  "'20s * rate=30%', got " + QuotedForError(line));
     }
     auto at = ParseDurationNanos(fields[0]);
-    if (!at.ok()) return at.status().WithContext(where + ": bad time '" +
-                                                 std::string(fields[0]) + "'");
+    if (!at.ok()) {
+      return at.status().WithContext(where + ": bad time " + QuotedForError(fields[0]));
+    }
     if (*at < 0) return InvalidArgumentError(where + ": time must be >= 0");
     auto pairs = ParsePairSelector(fields[1], base.regions);
     if (!pairs.ok()) return pairs.status().WithContext(where);
@@ -346,6 +360,40 @@ StatusOr<std::vector<ScheduleEvent>> LoadScheduleFile(const std::string& path,
   std::ostringstream ss;
   ss << in.rdbuf();
   return ParseSchedule(ss.str(), base, path);
+}
+
+namespace {
+
+bool InList(std::string_view list, std::string_view name) {
+  const std::vector<std::string_view> names = SplitTokens(list);
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
+Status CheckCongestionControl(std::string_view cc, std::string_view available,
+                              std::string_view allowed) {
+  if (cc.empty() || cc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                        std::string_view::npos) {
+    return InvalidArgumentError("bad --cc " + QuotedForError(cc) +
+                                ": a congestion control is a lower-case name; a region can "
+                                "use '" + std::string(Trim(allowed)) + "'");
+  }
+  if (InList(allowed, cc)) return Status::Ok();
+  if (!InList(available, cc)) {
+    return InvalidArgumentError("bad --cc '" + std::string(cc) +
+                                "': this kernel has no such congestion control; a region can "
+                                "use '" + std::string(Trim(allowed)) +
+                                "' (net.ipv4.tcp_allowed_congestion_control; loaded: '" +
+                                std::string(Trim(available)) + "')");
+  }
+  // Loaded but restricted: only the root namespace may default to it, and strait-wanem does not
+  // change the root namespace.
+  return InvalidArgumentError(
+      "bad --cc '" + std::string(cc) + "': a region may only default to an algorithm in "
+      "net.ipv4.tcp_allowed_congestion_control ('" + std::string(Trim(allowed)) +
+      "'); add it there yourself, or pick one of those (programs can still choose it per socket "
+      "with TCP_CONGESTION)");
 }
 
 }  // namespace strait::wanem

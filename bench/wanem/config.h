@@ -73,6 +73,13 @@ StatusOr<std::vector<ScheduleEvent>> ParseSchedule(std::string_view text, const 
 StatusOr<std::vector<ScheduleEvent>> LoadScheduleFile(const std::string& path,
                                                       const LinkTable& base);
 
+// Checks --cc against the kernel's space-separated lists net.ipv4.tcp_available_congestion_control
+// (loaded algorithms) and tcp_allowed_congestion_control (those a namespace other than the root
+// one may make its default, which is what every region does). The tool calls it before it creates
+// any namespace, so that a typo costs no setup; the error names the algorithms a region can use.
+Status CheckCongestionControl(std::string_view cc, std::string_view available,
+                              std::string_view allowed);
+
 }  // namespace strait::wanem
 
 #endif  // STRAIT_BENCH_WANEM_CONFIG_H_

@@ -154,5 +154,35 @@ TEST(Schedule, ErrorsNameFileAndLine) {
   EXPECT_FALSE(LoadScheduleFile("/nonexistent/schedule", *t).ok());
 }
 
+// A binary file given as --schedule: its bytes are shown quoted (\xNN), never echoed raw, so the
+// error stays one printable line.
+TEST(Schedule, NonTextBytesAreQuoted) {
+  auto t = BuildLinkTable(2, "100mbit", {});
+  ASSERT_TRUE(t.ok());
+  const char kBinary[] = "\x7f" "ELF\x02\x01 \x1b[2J * \r\x07rate=1%\n\0\0\n";
+  const std::string binary(kBinary, sizeof(kBinary) - 1);
+  auto bad = ParseSchedule(binary, *t, "a.out");
+  ASSERT_FALSE(bad.ok());
+  const std::string& m = bad.status().message();
+  EXPECT_THAT(m, HasSubstr("a.out:1"));
+  EXPECT_THAT(m, HasSubstr("\\x7fELF\\x02\\x01 \\x1b[2J"));
+  for (char c : m) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << int(c) << " in: " << m;
+}
+
+TEST(CongestionControl, NamesWhatARegionMayUse) {
+  EXPECT_TRUE(CheckCongestionControl("bbr", "reno bbr cubic", "reno bbr").ok());
+  auto unknown = CheckCongestionControl("warp9", "reno bbr cubic", "reno bbr");
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("bad --cc 'warp9'"));
+  EXPECT_THAT(unknown.message(), HasSubstr("a region can use 'reno bbr'"));
+  EXPECT_THAT(unknown.message(), HasSubstr("loaded: 'reno bbr cubic'"));
+  // Loaded, but a namespace other than the root one may not default to it.
+  auto restricted = CheckCongestionControl("cubic", "reno bbr cubic", "reno bbr");
+  EXPECT_EQ(restricted.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(restricted.message(), HasSubstr("tcp_allowed_congestion_control ('reno bbr')"));
+  EXPECT_THAT(CheckCongestionControl("\x1b[2J", "reno", "reno").message(),
+              HasSubstr("'\\x1b[2J'"));
+}
+
 }  // namespace
 }  // namespace strait::wanem

@@ -10,12 +10,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -377,6 +379,86 @@ TEST(WanemIntegration, BadFlagsGiveOneClearError) {
   auto [rc2, out2] = Shell(bin + " run --pair 0:7=loss=1% -- true");
   EXPECT_EQ(rc2, 2);
   EXPECT_THAT(out2, HasSubstr("'7'"));
+}
+
+// Makes Emulator::Start refuse `name` for the scope, so that a flag error reported under it
+// proves the flag was checked before any namespace was made: as root, a pid file naming this
+// (live) test process claims the name; without root, Start refuses anyway.
+class ClaimedName {
+ public:
+  explicit ClaimedName(std::string instance) : name_(std::move(instance)) {
+    if (geteuid() != 0) return;
+    mkdir(kStateDir, 0755);
+    std::ofstream(PidFilePath(name_)) << getpid() << "\n";
+  }
+  ~ClaimedName() { unlink(PidFilePath(name_).c_str()); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
+
+size_t Lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(WanemIntegration, BadInAndCcRefusedBeforeSetup) {
+  ClaimedName claim(InstanceName("flags"));
+  const std::string run = std::string(STRAIT_WANEM_BINARY) + " run --name " + claim.name();
+  for (const char* in : {"2", "-2"}) {
+    auto [rc, out] = Shell(run + " --in " + in + " -- true");
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_THAT(out, HasSubstr(std::string("bad --in ") + in + ": regions are numbered 0..1"));
+    EXPECT_EQ(Lines(out), 1u) << out;
+  }
+  auto [rc_nocmd, out_nocmd] = Shell(run + " --in 1");
+  EXPECT_EQ(rc_nocmd, 2) << out_nocmd;
+  EXPECT_THAT(out_nocmd, HasSubstr("needs a command after --"));
+  auto [rc, out] = Shell(run + " --cc warp9 -- true");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("bad --cc 'warp9'"));
+  // The message names what this kernel offers; reno is always built in.
+  EXPECT_THAT(out, HasSubstr("reno"));
+  EXPECT_EQ(Lines(out), 1u) << out;
+}
+
+TEST(WanemIntegration, SelfcheckNamesTheRangeItAccepts) {
+  ClaimedName claim(InstanceName("sc"));
+  const std::string sc = std::string(STRAIT_WANEM_BINARY) + " selfcheck --name " + claim.name();
+  for (const char* seconds : {"0", "nan", "601"}) {
+    auto [rc, out] = Shell(sc + " --seconds " + seconds);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_THAT(out, HasSubstr(std::string("bad --seconds ") + seconds +
+                               ": the measured window must be more than 0 and at most 600"));
+    EXPECT_EQ(Lines(out), 1u) << out;
+  }
+  auto [rc, out] = Shell(sc + " --streams 17");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("bad --streams 17: must be 1 to 16"));
+}
+
+TEST(WanemIntegration, BinaryScheduleIsQuotedOnOneLine) {
+  ClaimedName claim(InstanceName("bin"));
+  const std::string path = "/tmp/wanem_schedule_" + claim.name() + ".bin";
+  const char kBinary[] = "\x7f" "ELF\x02\x01 \x1b]0;pwned\x07 * \r\x08rate=1%\n\0\n";
+  std::ofstream(path, std::ios::binary).write(kBinary, sizeof(kBinary) - 1);
+  auto [rc, out] = Shell(std::string(STRAIT_WANEM_BINARY) + " run --name " + claim.name() +
+                         " --schedule " + path + " -- true");
+  unlink(path.c_str());
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("\\x1b]0;pwned\\x07"));
+  EXPECT_EQ(Lines(out), 1u) << out;
+  for (char c : out) EXPECT_TRUE((c >= 0x20 && c < 0x7f) || c == '\n') << "raw byte " << int(c);
+}
+
+// `down` of a name with nothing up fails, as `ip netns del` and `docker rm` do, rather than
+// passing a misspelt --name off as a teardown.
+TEST(WanemIntegration, DownOfUnknownNameSaysSo) {
+  SKIP_UNLESS_PRIVILEGED();
+  const std::string name = InstanceName("nosuch");
+  auto [rc, out] = Shell(std::string(STRAIT_WANEM_BINARY) + " down --name " + name);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_THAT(out, HasSubstr("no instance '" + name + "' is up"));
+  EXPECT_THAT(out, HasSubstr("strait-wanem list"));
+  EXPECT_EQ(Lines(out), 1u) << out;
 }
 
 }  // namespace
