@@ -17,6 +17,7 @@
 #include "bench/wanem/netns.h"
 #include "common/strings.h"
 #include "localproto/policy_grammar.h"
+#include "tools/cli/cli.h"
 
 namespace strait::bench::allreduce {
 
@@ -359,14 +360,15 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_option("--chunk-elements", f->chunk_elements,
                  "Elements per pipelined chunk (straitd's allreduce.chunk_elements; 0: its "
                  "default)")
-      ->check(CLI::IsMember({int64_t{0}}) | CLI::Range(gateway::kMinChunkElements,
-                                                        gateway::kMaxChunkElements))
+      ->check(cli::NumberIn(static_cast<double>(gateway::kMinChunkElements),
+                            static_cast<double>(gateway::kMaxChunkElements), "elements",
+                            "straitd's default"))
       ->capture_default_str();
   cmd.add_option("--straitd", f->straitd,
                  "straitd binary (default: next to strait-bench, the build tree, then PATH)")
       ->type_name("PATH");
   cmd.add_option("--timeout", f->timeout_s, "Seconds one all-reduce may take")
-      ->check(CLI::Range(1.0, 86400.0))
+      ->check(cli::NumberIn(1, 86400, "seconds"))
       ->capture_default_str();
   // The operator's smoke test: one rank of a deployed job, against gateways already running.
   cmd.add_option("--gateway", f->gateway,

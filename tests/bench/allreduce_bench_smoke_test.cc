@@ -311,6 +311,29 @@ TEST(AllReduceBench, BadFlagsAreUsageErrors) {
   EXPECT_EQ(RunBench({"allreduce", "--transport", "ssl"}).code, 2);
 }
 
+// Out-of-range numbers are named with what is accepted, not CLI11's "Value 5 not in range
+// [4096 - 16777216]" (which, joined with the check for 0, printed two clauses).
+TEST(AllReduceBench, OutOfRangeNumbersSayWhatIsAccepted) {
+  const auto run = [](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {STRAIT_BENCH_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return strait::test::RunCaptured(argv);
+  };
+  auto r = run({"allreduce", "--chunk-elements", "5"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--chunk-elements: found 5; give 4096..16777216 elements, or 0 "
+                       "(straitd's default)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("OR"), std::string::npos) << r.err;
+  r = run({"allreduce", "--timeout", "0"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--timeout: found 0; give 1..86400 seconds"), std::string::npos) << r.err;
+  r = run({"allreduce", "--timeout", "soon"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("found 'soon'; give 1..86400 seconds"), std::string::npos) << r.err;
+}
+
 #ifdef STRAIT_PLUGIN_BINARY
 // --collnet: beside the library-mode row, a row whose ranks are node heads driving the NCCL
 // plugin's CollNet table (dlopen, listen, handles exchanged, connect, chunked iallreduce/test)

@@ -223,4 +223,19 @@ TEST(LinkBenchSmoke, RefusesTlsWithoutCertificates) {
   EXPECT_NE(client.err().find("--plain"), std::string::npos) << client.err();
 }
 
+// A codec the link bench does not rate is named with the link bench's list, not the codec
+// bench's rows (reduce, decode-acc, +ef), which this command refuses.
+TEST(LinkBenchSmoke, AnUnknownCodecIsNamedWithTheCodecsThisBenchRates) {
+  for (const char* codec : {"int9", "reduce", "int8+ef"}) {
+    Child client({STRAIT_BENCH_BINARY, "link", "--connect", "127.0.0.1:1", "--plain", "--codecs",
+                  codec});
+    ASSERT_TRUE(client.started());
+    EXPECT_EQ(client.Wait(strait::Deadline::AfterSeconds(20)), 2) << codec;
+    EXPECT_NE(client.err().find("is not a codec this bench rates; accepted: none, zstd, int8"),
+              std::string::npos)
+        << client.err();
+    EXPECT_EQ(client.err().find("decode-acc"), std::string::npos) << client.err();
+  }
+}
+
 }  // namespace

@@ -4,14 +4,17 @@
 // the config key and the fix -- and warn about a private key others may read. Real straitd
 // processes on configs with throwaway certificates (openssl).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/common/free_ports.h"
@@ -184,6 +187,51 @@ TEST_F(StraitdCheckConfig, AStartFailsWithTheSameError) {
   EXPECT_EQ(r.code, 2);
   ExpectNames(r, {"config error:", "tls.cert:", "fix:"});
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/s.sock"));
+}
+
+// With --log-format json every line a running straitd writes is a JSON object: the ready line
+// on stdout and a failed start's config error used to be plain text among the JSON log lines,
+// which a collector parsing the container's output as JSON could not read.
+TEST_F(StraitdCheckConfig, WithJsonLogsTheReadyLineAndAStartErrorAreJson) {
+  // Every non-empty line of `text` parsed; a line that is not JSON fails the test.
+  const auto lines_of = [](const std::string& text) {
+    std::vector<nlohmann::json> objects;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      EXPECT_TRUE(j.is_object()) << "not a JSON object: " << line;
+      if (j.is_object()) objects.push_back(std::move(j));
+    }
+    return objects;
+  };
+  const Result failed = RunStraitd(
+      {"--log-format", "json", "--config", WriteConfig(us_.ca, eu_.cert, eu_.key)});
+  EXPECT_EQ(failed.code, 2);
+  const std::vector<nlohmann::json> errors = lines_of(failed.err);
+  ASSERT_EQ(errors.size(), 1u) << failed.err;
+  EXPECT_EQ(errors[0].value("level", ""), "error");
+  EXPECT_NE(errors[0].value("msg", "").find("tls.cert: certificate"), std::string::npos)
+      << failed.err;
+
+  const std::string out = dir_ + "/straitd.out", err = dir_ + "/straitd.err";
+  std::vector<pid_t> pids = {strait::test::SpawnProcess(
+      {STRAITD_BINARY, "--log-format", "json", "--config", WriteConfig(us_.ca, us_.cert, us_.key)},
+      {.stdout_path = out, .stderr_path = err, .truncate = true})};
+  const auto read = [](const std::string& path) {
+    std::ostringstream text;
+    text << std::ifstream(path).rdbuf();
+    return text.str();
+  };
+  for (int i = 0; i < 200 && read(out).find("straitd ready") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(strait::test::StopProcesses(&pids, 10)[0], 0);
+  const std::vector<nlohmann::json> ready = lines_of(read(out));
+  ASSERT_EQ(ready.size(), 1u) << read(out);
+  EXPECT_EQ(ready[0].value("level", ""), "info");
+  EXPECT_EQ(ready[0].value("msg", "").rfind("straitd ready: ", 0), 0u) << read(out);
+  EXPECT_FALSE(lines_of(read(err)).empty()) << "no log lines on stderr";
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The tools' shared command-line conventions (see cli.h).
 #include "tools/cli/cli.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <string>
@@ -39,6 +42,30 @@ std::optional<int> Parse(CLI::App& app, int argc, char** argv, std::string_view 
 int UsageError(std::string_view tool, std::string_view message) {
   std::cerr << tool << ": " << message << " (see " << tool << " --help)\n";
   return kExitUsage;
+}
+
+CLI::Validator NumberIn(double lo, double hi, std::string_view unit,
+                        std::string_view zero_means) {
+  const auto number = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.15g", v);
+    return std::string(buf);
+  };
+  std::string accepted = number(lo) + ".." + number(hi);
+  if (!unit.empty()) accepted += " " + std::string(unit);
+  const bool zero_ok = !zero_means.empty();
+  if (zero_ok) accepted += ", or 0 (" + std::string(zero_means) + ")";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool parsed = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+        if (parsed && ((v >= lo && v <= hi) || (v == 0 && zero_ok))) return "";
+        return (parsed ? "found " : "found '") + text + (parsed ? "" : "'") + "; give " +
+               accepted;
+      },
+      "");
 }
 
 std::string UtcTimestamp() {

@@ -37,6 +37,13 @@ std::optional<int> Parse(CLI::App& app, int argc, char** argv, std::string_view 
 // values only the program can judge after parsing.
 int UsageError(std::string_view tool, std::string_view message);
 
+// A check for a numeric option in [lo, hi] (with `zero_means` non-empty, 0 is also taken and
+// the message says what it means): "found 5; give 4096..16777216 elements, or 0 (straitd's
+// default)". CLI11's own CLI::Range says "Value 5 not in range [4096 - 16777216]", and joined
+// with IsMember for the 0 it printed both clauses.
+CLI::Validator NumberIn(double lo, double hi, std::string_view unit,
+                        std::string_view zero_means = "");
+
 // "2026-11-29T18:48:58Z": now, UTC, to the second.
 std::string UtcTimestamp();
 
