@@ -163,6 +163,20 @@ std::string FormatJsonLogLine(std::string_view timestamp, LogLevel level,
   return line;
 }
 
+std::string LogTimestampNow() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char stamp[40];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+  char frac[8];
+  std::snprintf(frac, sizeof(frac), ".%03dZ", static_cast<int>(millis));
+  return std::string(stamp) + frac;
+}
+
 void SetLogSink(LogSink sink) {
   std::lock_guard<std::mutex> lock(g_sink_mu);
   Sink() = std::move(sink);
@@ -176,19 +190,10 @@ void LogLine(LogLevel level, std::string_view subsystem, std::string_view messag
       return;
     }
   }
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  const auto millis =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
-  char frac[8];
-  std::snprintf(frac, sizeof(frac), ".%03dZ", static_cast<int>(millis));
+  const std::string stamp = LogTimestampNow();
   std::string line;
   if (GetLogFormat() == LogFormat::kJson) {
-    line = FormatJsonLogLine(std::string(stamp) + frac, level, subsystem, message);
+    line = FormatJsonLogLine(stamp, level, subsystem, message);
     line += '\n';
     ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
     (void)ignored;
@@ -196,7 +201,6 @@ void LogLine(LogLevel level, std::string_view subsystem, std::string_view messag
   }
   line.reserve(48 + subsystem.size() + message.size());
   line += stamp;
-  line += frac;
   line += ' ';
   line += LevelLetter(level);
   line += ' ';

@@ -56,6 +56,10 @@ std::string JsonEscape(std::string_view text);
 std::string FormatJsonLogLine(std::string_view timestamp, LogLevel level,
                               std::string_view subsystem, std::string_view message);
 
+// The current time as log lines carry it: RFC 3339 UTC with milliseconds
+// ("2026-11-29T18:48:58.123Z"). For tools that print a line of their own in the log's format.
+std::string LogTimestampNow();
+
 // Replaces the stderr writer (nullptr restores it). The sink receives one complete line,
 // without the trailing newline. It must be thread-safe.
 using LogSink = std::function<void(LogLevel level, std::string_view subsystem,

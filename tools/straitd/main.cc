@@ -68,6 +68,19 @@ void NotifySystemd(const std::string& state) {
   if (fd >= 0) ::close(fd);
 }
 
+// One line of the daemon's own to `to` (stdout or stderr): plain text, or with --log-format json
+// a JSON object like every log line, so that a collector reading the container's output as JSON
+// meets nothing else. --check-config's report is for a person and stays plain.
+void Say(std::FILE* to, strait::LogLevel level, const std::string& text) {
+  if (strait::GetLogFormat() == strait::LogFormat::kJson) {
+    std::fprintf(to, "%s\n",
+                 strait::FormatJsonLogLine(strait::LogTimestampNow(), level, "straitd", text)
+                     .c_str());
+  } else {
+    std::fprintf(to, "%s\n", text.c_str());
+  }
+}
+
 // The config at `file`, checked as --check-config and a start both need: its text, then what it
 // refers to. Prints the error ("config error: ...") and returns nullopt when it cannot start.
 // Warnings ("config warning: ...") go to stderr for --check-config and to the log (whose format
@@ -75,21 +88,29 @@ void NotifySystemd(const std::string& state) {
 std::optional<strait::gateway::GatewayConfig> LoadCheckedConfig(const std::string& file,
                                                                 bool log_warnings,
                                                                 bool syntax_only = false) {
+  // At a start (log_warnings) the error is the daemon's last line, in the log's format.
+  const auto fail = [&](const std::string& message) {
+    if (log_warnings) {
+      Say(stderr, strait::LogLevel::kError, "config error: " + message);
+    } else {
+      std::fprintf(stderr, "config error: %s\n", message.c_str());
+    }
+  };
   auto config = strait::gateway::LoadConfig(file);
   if (!config.ok()) {
-    std::fprintf(stderr, "config error: %s\n", config.status().message().c_str());
+    fail(config.status().message());
     return std::nullopt;
   }
   if (syntax_only) return std::move(config).value();
   std::vector<std::string> warnings;
   if (strait::Status s = strait::gateway::CheckConfigEnvironment(*config, &warnings); !s.ok()) {
-    std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+    fail(s.message());
     return std::nullopt;
   }
   // At start Gateway::Start takes the shard locks itself; a check says who holds them.
   if (!log_warnings) {
     if (strait::Status s = strait::gateway::CheckShardLocks(*config); !s.ok()) {
-      std::fprintf(stderr, "config error: %s\n", s.message().c_str());
+      fail(s.message());
       return std::nullopt;
     }
   }
@@ -123,7 +144,8 @@ int main(int argc, char** argv) {
       ->needs(check);
   app.add_option("--log-level", log_level, "error, warn, info, debug, trace");
   app.add_option("--log-format", log_format,
-                 "text (default) or json (one object per line: ts, level, subsystem, msg)");
+                 "text (default) or json (one object per line: ts, level, subsystem, msg; the ready "
+                 "line on stdout and a failed start's error too)");
   if (std::optional<int> done = strait::cli::Parse(app, argc, argv, "straitd")) return *done;
 
   // The log settings first, so that --check-config refuses what would stop a start (systemd
@@ -197,11 +219,11 @@ int main(int argc, char** argv) {
 
   auto gateway = strait::gateway::Gateway::Start(*config);
   if (!gateway.ok()) {
-    std::fprintf(stderr, "straitd: %s\n", gateway.status().ToString().c_str());
+    Say(stderr, strait::LogLevel::kError, "straitd: " + gateway.status().ToString());
     return 1;
   }
-  std::printf("straitd ready: %s wan port %u\n", config->Summary().c_str(),
-              static_cast<unsigned>((*gateway)->wan_port()));
+  Say(stdout, strait::LogLevel::kInfo,
+      "straitd ready: " + config->Summary() + " wan port " + std::to_string((*gateway)->wan_port()));
   std::fflush(stdout);
   NotifySystemd("READY=1\nSTATUS=serving " + config->Summary());
   if (std::string advice = strait::net::WanHostTuningAdvice(); !advice.empty()) {
