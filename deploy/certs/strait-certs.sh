@@ -50,7 +50,8 @@ Makes the certificates straitd's [tls] section names (ca, cert, key):
            --san IP:10.0.0.7) are added for other tools, straitd does not need them. Kept if it
            exists, was signed by this CA, names REGION and is valid for $RENEW_DAYS more days;
            reissued otherwise or with --force. Default 365 days; cut, with a warning, to the
-           days the CA has left (a certificate stops verifying when its CA expires).
+           days the CA has left (a certificate stops verifying when its CA expires); one
+           that ends with its CA is then kept, with a warning, as a reissue cannot outlive it.
   show     the subject, region, issuer and validity of FILE (default: every *.pem in DIR), and
            whether it chains to DIR/ca.pem. FILE is a path, not a name in DIR. A FILE that is
            missing or not a certificate is an error (the others are still shown).
@@ -149,11 +150,11 @@ cmd_ca() {
   note "made CA $crt (key $key, $DAYS days): give ca.pem to every gateway, keep ca.key safe"
 }
 
-# Whole days, at most DAYS, that the CA at $1 stays valid from now: the largest n for which
+# Whole days, at most $2, that the certificate at $1 stays valid from now: the largest n for which
 # openssl's -checkend says it has not expired n days (and a minute, for the time signing takes)
 # from now. A binary search over -checkend, so no date parsing that differs between systems.
-ca_days_left() {
-  local lo=0 hi=$DAYS mid
+days_left() {
+  local lo=0 hi=$2 mid
   while ((lo < hi)); do
     mid=$(((lo + hi + 1) / 2))
     if openssl x509 -in "$1" -noout -checkend $((mid * 86400 + 60)) >/dev/null; then
@@ -174,7 +175,7 @@ cap_days_to_ca() {
   local ca=$1 left ca_end
   openssl x509 -in "$ca" -noout -checkend $((DAYS * 86400 + 60)) >/dev/null && return 0
   ca_end=$(openssl x509 -in "$ca" -noout -enddate | sed 's/^notAfter=//')
-  left=$(ca_days_left "$ca")
+  left=$(days_left "$ca" "$DAYS")
   if ((left == 0)); then
     local when="expires within a day"
     openssl x509 -in "$ca" -noout -checkend 0 >/dev/null || when="has expired"
@@ -210,13 +211,22 @@ cmd_gateway() {
       why="it does not chain to $ca"
     elif [[ $(regions_of "$crt") != "$REGION" ]]; then
       why="it names region(s) '$(regions_of "$crt" | paste -sd ' ')' instead of '$REGION'"
-    elif ! openssl x509 -in "$crt" -noout -checkend $((RENEW_DAYS * 86400)) >/dev/null; then
+    elif ! openssl x509 -in "$crt" -noout -checkend $((RENEW_DAYS * 86400)) >/dev/null &&
+         (($(days_left "$crt" "$RENEW_DAYS") + 1 < $(days_left "$ca" "$RENEW_DAYS"))); then
       why="it expires within $RENEW_DAYS days"
     elif [[ $(openssl x509 -in "$crt" -noout -pubkey | openssl sha256) != \
             $(openssl pkey -in "$key" -pubout | openssl sha256) ]]; then
       why="$key does not match it"
     fi
     if [[ -z $why ]]; then
+      # Ending within RENEW_DAYS and within a day of its CA: a new one would gain less than a
+      # day (it is capped to the CA the same way), so it is kept; only a renewed CA helps.
+      if ! openssl x509 -in "$crt" -noout -checkend $((RENEW_DAYS * 86400)) >/dev/null; then
+        warn "$crt expires within $RENEW_DAYS days and less than a day before its CA" \
+          "($(openssl x509 -in "$ca" -noout -enddate | sed 's/^notAfter=//')): a reissue" \
+          "cannot outlive the CA; renew the CA ($PROG ca --dir $DIR --force), then reissue" \
+          "every gateway certificate"
+      fi
       note "gateway certificate exists, kept: $crt (region $REGION, $(openssl x509 -in "$crt" -noout -enddate))"
       return 0
     fi

@@ -285,6 +285,24 @@ TEST_F(StraitCerts, GatewayValidityIsCappedToTheCa) {
                        LogTo(log_)),
             0);
 
+  // Run again (a provisioning loop): the certificate ends with its CA, so a new one would last
+  // no longer; it is kept, with a warning that only a renewed CA helps (it was reissued on
+  // every run).
+  const std::string before = ReadFile(cert);
+  r = ScriptCaptured({"gateway", "--dir", pki, "--region", "us-east", "--days", "365"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("kept"), std::string::npos) << r.out;
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("expires within 30 days and less than a day before its CA"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("renew the CA"), std::string::npos) << r.err;
+  EXPECT_EQ(ReadFile(cert), before) << "reissued although a new one could not last longer";
+  // One issued shorter than the CA allows is still renewed to the CA's end.
+  r = ScriptCaptured({"gateway", "--dir", pki, "--region", "eu-west"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("reissuing"), std::string::npos) << r.out;
+
   const std::string short_pki = dir_ + "/short-pki";
   ASSERT_EQ(Script({"ca", "--dir", short_pki, "--days", "1"}), 0);
   r = ScriptCaptured({"gateway", "--dir", short_pki, "--region", "us-east"});
