@@ -15,6 +15,8 @@
 #                                         # options of `strait-bench codec`, for its part
 #   scripts/demo.sh --help                # print this and exit (-h too)
 set -euo pipefail
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh"
 # `strait-bench codec`'s options (bench/codec_bench_cli.cc, each with a value) and the global
 # ones it takes after the subcommand (bench/strait_bench_main.cc): checked here, so that a typo
 # fails now and not after the build.
@@ -30,8 +32,7 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   a=${args[i]}
   case $a in
-    # The header above, without the shebang and the comment marks.
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+    -h|--help) print_script_help "$0"; exit 0 ;;
     --json) continue ;;
   esac
   [[ " ${codec_options[*]} " == *" ${a%%=*} "* ]] || refuse "unexpected argument '$a'"

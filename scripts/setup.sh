@@ -10,16 +10,9 @@
 #   scripts/setup.sh --help      # print this and exit (-h too); it takes no other argument
 set -euo pipefail
 
-for a in "$@"; do
-  case $a in
-    # The header above, without the shebang and the comment marks.
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-  esac
-done
-if (($#)); then
-  echo "setup.sh: unexpected argument '$1': it takes none; see scripts/setup.sh --help" >&2
-  exit 2
-fi
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh"
+takes_no_arguments "$0" "$@"
 
 PACKAGES=(
   # Toolchain.

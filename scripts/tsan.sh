@@ -12,12 +12,13 @@
 #                                   # the run
 #   bash scripts/tsan.sh --help     # print this and exit (-h too)
 set -euo pipefail
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh"
 # Extra arguments go to ctest, which ignores a stray word: refuse one here, before the build.
 prev=
 for a in "$@"; do
   case $a in
-    # The header above, without the shebang and the comment marks.
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+    -h|--help) print_script_help "$0"; exit 0 ;;
     -*) ;;
     *)
       if [[ $prev != -* ]]; then
