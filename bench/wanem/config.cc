@@ -2,7 +2,9 @@
 #include "bench/wanem/config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -356,7 +358,13 @@ StatusOr<std::vector<ScheduleEvent>> ParseSchedule(std::string_view text, const 
 StatusOr<std::vector<ScheduleEvent>> LoadScheduleFile(const std::string& path,
                                                       const LinkTable& base) {
   std::ifstream in(path);
-  if (!in) return NotFoundError("cannot open schedule file '" + path + "'");
+  // A path given on the command line that cannot be read is the user's to fix, like a bad
+  // flag: InvalidArgument, so the tool exits 2 (usage) rather than 1 (a failed emulation).
+  if (!in) {
+    return InvalidArgumentError("cannot open schedule file " + QuotedForError(path) + ": " +
+                                std::strerror(errno) +
+                                "; give --schedule a readable file (format: bench/README.md)");
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
   return ParseSchedule(ss.str(), base, path);

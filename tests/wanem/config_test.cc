@@ -151,7 +151,11 @@ TEST(Schedule, ErrorsNameFileAndLine) {
   EXPECT_THAT(bad.status().message(), HasSubstr("s.txt:3"));
   EXPECT_THAT(bad.status().message(), HasSubstr("loss='300%'"));
   EXPECT_THAT(ParseSchedule("1s *\n", *t, "s.txt").status().message(), HasSubstr("s.txt:1"));
-  EXPECT_FALSE(LoadScheduleFile("/nonexistent/schedule", *t).ok());
+  // A path that cannot be read is a usage error (the tool exits 2), saying why and what to do.
+  auto missing = LoadScheduleFile("/nonexistent/schedule", *t);
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'/nonexistent/schedule': No such file"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("give --schedule a readable file"));
 }
 
 // A binary file given as --schedule: its bytes are shown quoted (\xNN), never echoed raw, so the

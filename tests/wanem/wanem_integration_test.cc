@@ -449,6 +449,15 @@ TEST(WanemIntegration, BinaryScheduleIsQuotedOnOneLine) {
   for (char c : out) EXPECT_TRUE((c >= 0x20 && c < 0x7f) || c == '\n') << "raw byte " << int(c);
 }
 
+TEST(WanemIntegration, MissingScheduleFileIsAUsageError) {
+  ClaimedName claim(InstanceName("nosched"));
+  auto [rc, out] = Shell(std::string(STRAIT_WANEM_BINARY) + " run --name " + claim.name() +
+                         " --schedule /nonexistent/wanem.schedule -- true");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("cannot open schedule file '/nonexistent/wanem.schedule'"));
+  EXPECT_EQ(Lines(out), 1u) << out;
+}
+
 // `down` of a name with nothing up fails, as `ip netns del` and `docker rm` do, rather than
 // passing a misspelt --name off as a teardown.
 TEST(WanemIntegration, DownOfUnknownNameSaysSo) {
