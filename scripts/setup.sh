@@ -34,6 +34,10 @@ PACKAGES=(
   prometheus
   # The Python package's tests, the PyTorch example and its benchmark (python/, examples/pytorch).
   python3-torch python3-numpy python3-sklearn python3-matplotlib python3-pytest
+  # Debian's torch does its matrix products through the libblas.so.3 alternative, which is the
+  # reference BLAS unless an optimised one is installed: OpenBLAS makes the example's training
+  # steps about 10x faster (120 -> 12 ms for the bench's model on one core).
+  libopenblas0-pthread
 )
 
 missing=()

@@ -7,11 +7,12 @@
 #   python3 -m strait.launch --regions 2 --ranks 2 -- python3 train_ddp.py --hook strait
 #
 # Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-# STRAIT_REGION (r<region>) and STRAIT_GATEWAY (its straitd's socket). Exit status: 0 when every
-# rank exited 0; else the first failing rank's status, after the others were given --grace
-# seconds and then killed (a rank never outlives the launcher); 2 with one line on stderr when
-# the launch cannot begin (bad arguments, --workdir, a straitd or the command cannot start).
-# --help prints the options.
+# STRAIT_REGION (r<region>) and STRAIT_GATEWAY (its straitd's socket), and OMP_NUM_THREADS=1
+# unless set (all ranks share this machine's cores, as torchrun assumes for several per node).
+# Exit status: 0 when every rank exited 0; else the first failing rank's status, after the
+# others were given --grace seconds and then killed (a rank never outlives the launcher); 2 with
+# one line on stderr when the launch cannot begin (bad arguments, --workdir, a straitd or the
+# command cannot start). --help prints the options.
 import argparse
 import os
 import shutil
@@ -147,6 +148,11 @@ def main(argv=None):
                        MASTER_PORT=str(master_port), STRAIT_REGION=cluster.region_name(r))
             if gateways is not None:
                 env["STRAIT_GATEWAY"] = gateways.socket(r, i)
+            if world > 1:
+                # As torchrun does with several processes per node: every rank shares this
+                # machine's cores, and per-rank thread pools (torch's, OpenBLAS's) of one thread
+                # per core would oversubscribe them. The user's own setting wins.
+                env.setdefault("OMP_NUM_THREADS", "1")
             cmd = prefix(r) + a.command
             try:
                 procs.append(subprocess.Popen(cmd, env=env))

@@ -328,3 +328,19 @@ def test_training_example_plot_refuses_bad_run_logs(tmp_path):
                            env=env(), capture_output=True, text=True, timeout=60)
         one_line_error(r, "train_ddp: error: " + start)
         assert not png.exists()
+
+
+def test_launch_gives_each_rank_one_thread_unless_told_otherwise():
+    # Like torchrun with several processes per node: ranks sharing the machine's cores get
+    # OMP_NUM_THREADS=1 (torch's and OpenBLAS's pools), and a value the user set is kept.
+    show = [sys.executable, "-c", "import os; print('OMP=' + os.environ.get('OMP_NUM_THREADS', "
+                                  "'unset'))"]
+    base = {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"}
+    for extra, ranks, want in (({}, "2", ["OMP=1"] * 2), ({"OMP_NUM_THREADS": "3"}, "2",
+                                                          ["OMP=3"] * 2),
+                               ({}, "1", ["OMP=unset"])):
+        r = subprocess.run([sys.executable, "-m", "strait.launch", "--no-gateways", "--regions",
+                            "1", "--ranks", ranks, "--", *show], env=dict(base, **extra),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert sorted(r.stdout.split()) == want, r.stdout
