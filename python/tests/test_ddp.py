@@ -333,8 +333,10 @@ def test_training_example_plot_refuses_bad_run_logs(tmp_path):
 def test_launch_gives_each_rank_one_thread_unless_told_otherwise():
     # Like torchrun with several processes per node: ranks sharing the machine's cores get
     # OMP_NUM_THREADS=1 (torch's and OpenBLAS's pools), and a value the user set is kept.
-    show = [sys.executable, "-c", "import os; print('OMP=' + os.environ.get('OMP_NUM_THREADS', "
-                                  "'unset'))"]
+    # One write(2) per rank: the ranks share the pipe, and print() may write the text and its
+    # newline apart (unbuffered), interleaving two ranks' lines.
+    show = [sys.executable, "-c", "import os; os.write(1, ('OMP=' + os.environ.get("
+                                  "'OMP_NUM_THREADS', 'unset') + '\\n').encode())"]
     base = {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"}
     for extra, ranks, want in (({}, "2", ["OMP=1"] * 2), ({"OMP_NUM_THREADS": "3"}, "2",
                                                           ["OMP=3"] * 2),
