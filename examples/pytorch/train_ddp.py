@@ -53,6 +53,9 @@ def parse():
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds: Strait's deadline and the process groups' timeout")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--coalesce-mb", type=float, default=64.0,
+                   help="--hook strait: reduce a step's consecutive buckets as one up to this "
+                        "many MiB (HierarchicalState's coalesce_bytes; 0: each on its own)")
     p.add_argument("--wan-dev", metavar="IFACE",
                    help="count the bytes this region sends on IFACE (e.g. strait-wanem's wan0) "
                         "over the timed steps after the first 5, read by each region's local "
@@ -62,7 +65,10 @@ def parse():
     p.add_argument("--plot", metavar="OUT_PNG",
                    help="do not train: plot loss against step for the runs (JSON) given")
     p.add_argument("runs", nargs="*", help="with --plot: run logs written by --log")
-    return p.parse_args()
+    args = p.parse_args()
+    if not args.coalesce_mb >= 0:  # nan too
+        p.error(f"--coalesce-mb {args.coalesce_mb}: give MiB >= 0 (0: each bucket on its own)")
+    return args
 
 
 class UsageError(Exception):
@@ -193,7 +199,8 @@ def train(args):
         gw = args.gateway.format(region=region, local_rank=local_rank)
         state = st.HierarchicalState(group, gateway=gw, job_id=args.job_id,
                                      region=os.environ.get("STRAIT_REGION", f"r{region}"),
-                                     compression=args.compression, timeout=args.timeout)
+                                     compression=args.compression, timeout=args.timeout,
+                                     coalesce_bytes=int(args.coalesce_mb * (1 << 20)))
         ddp.register_comm_hook(state, st.hierarchical_hook)
         global STATE
         STATE = state

@@ -4,8 +4,11 @@
 # both gradients of every step to OUT/rank<R>_<policy>.pt for the test to compare:
 #   exact: a 2-layer linear model with integer weights and inputs, sum-of-squares loss: every
 #          gradient is an integer, every sum exact in fp32 in any order, so "none" must give
-#          gloo's gradients bit for bit (several buckets, shards of unequal size);
+#          gloo's gradients bit for bit (several buckets, shards of unequal size), each bucket
+#          its own cross-region step (coalesce_bytes=0);
+#   exact-coalesced: the same with the buckets of a step reduced as one (the default);
 #   int8:  an MLP on load_digits: int8 with error feedback must stay close to gloo's, not equal.
+# Each record also counts DDP's hook calls and the hook's cross-region steps.
 import datetime
 import os
 import sys
@@ -31,10 +34,11 @@ def run(policy, out, ranks_per_region):
                                             timeout=datetime.timedelta(seconds=30))
     state = st.HierarchicalState(group, gateway=os.environ["STRAIT_GATEWAY"],
                                  job_id=f"ddp-test-{policy}-{os.environ['MASTER_PORT']}",
-                                 compression="none" if policy == "exact" else "int8,ef",
-                                 timeout=30)
+                                 compression="int8,ef" if policy == "int8" else "none",
+                                 timeout=30, **({"coalesce_bytes": 0} if policy == "exact" else {}))
     gen = torch.Generator().manual_seed(7)
-    if policy == "exact":
+    exact = policy.startswith("exact")
+    if exact:
         base = integer_model(gen)
     else:
         from sklearn.datasets import load_digits
@@ -45,12 +49,22 @@ def run(policy, out, ranks_per_region):
                                    torch.nn.Linear(96, 10))
     models = [copy_of(base), copy_of(base)]
     # Small buckets: several per step, so bucket order, keys and padding all matter.
-    ddps = [DDP(m, bucket_cap_mb=0.01) for m in models]
-    ddps[1].register_comm_hook(state, st.hierarchical_hook)
+    # DDP caps only its first bucket at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB, which would
+    # hold these whole models; torch's DDP says users may set it): tiny here too.
+    first, dist._DEFAULT_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES, 64
+    ddps = [DDP(m, bucket_cap_mb=0.0001 if exact else 0.01) for m in models]
+    dist._DEFAULT_FIRST_BUCKET_BYTES = first
+    calls = [0]
+
+    def counting_hook(state, bucket):
+        calls[0] += 1
+        return st.hierarchical_hook(state, bucket)
+
+    ddps[1].register_comm_hook(state, counting_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
     record = {"gloo": [], "strait": [], "params": None}
     for step in range(6):
-        if policy == "exact":
+        if exact:
             xb = torch.randint(-2, 3, (4, 7), generator=gen).float()
             tb = torch.randint(-2, 3, (4, 3), generator=gen).float()
             # Each rank its own batch: integer gradients that differ per rank.
@@ -58,7 +72,7 @@ def run(policy, out, ranks_per_region):
         else:
             idx = torch.randint(0, len(xs), (world * 16,), generator=gen)[rank * 16:(rank + 1) * 16]
         for name, ddp, m, opt in zip(("gloo", "strait"), ddps, models, opts):
-            if policy == "exact":
+            if exact:
                 with torch.no_grad():  # fresh integer weights: exact gradients at every step
                     for p, q in zip(m.parameters(), integer_model(
                             torch.Generator().manual_seed(100 + step)).parameters()):
@@ -72,6 +86,7 @@ def run(policy, out, ranks_per_region):
             opt.step()
     record["params"] = [p.detach().clone() for p in models[1].parameters()]
     record["wan_elements"] = state.wan_elements
+    record["hook_calls"], record["cross_region_steps"] = calls[0], state.steps
     state.close()
     torch.save(record, os.path.join(out, f"rank{rank}_{policy}.pt"))
 

@@ -36,16 +36,25 @@ def launch(straitd, workdir, command, regions=2, ranks=2, timeout=150, deadline=
 def ddp_records(library, straitd, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     r = launch(straitd, out / "gw", [sys.executable, os.path.join(HERE, "ddp_worker.py"),
-                                     str(out), "exact,int8"])
+                                     str(out), ",".join(POLICIES)])
     assert r.returncode == 0, r.stdout + r.stderr
     return {(rank, p): torch.load(out / f"rank{rank}_{p}.pt")
-            for rank in range(4) for p in ("exact", "int8")}
+            for rank in range(4) for p in POLICIES}
 
 
-def test_lossless_hook_gives_gloos_gradients_bit_for_bit(ddp_records):
+POLICIES = ("exact", "exact-coalesced", "int8")
+
+
+@pytest.mark.parametrize("policy", ["exact", "exact-coalesced"])
+def test_lossless_hook_gives_gloos_gradients_bit_for_bit(ddp_records, policy):
     for rank in range(4):
-        rec = ddp_records[(rank, "exact")]
+        rec = ddp_records[(rank, policy)]
         assert len(rec["strait"]) == 6
+        # Several buckets per step (DDP's first step has one, then it rebuilds them); with
+        # coalescing, one cross-region step per training step.
+        assert rec["hook_calls"] > 6, rec["hook_calls"]
+        want = rec["hook_calls"] if policy == "exact" else 6
+        assert rec["cross_region_steps"] == want, (rec["cross_region_steps"], want)
         for step, (g, s) in enumerate(zip(rec["gloo"], rec["strait"])):
             for a, b in zip(g, s):
                 assert torch.equal(a, b), f"rank {rank} step {step}: {a} != {b}"
@@ -305,7 +314,9 @@ def test_training_example_refuses_run_logs_without_plot_and_bad_options(tmp_path
                         (["--hook", "none", "300"], "train_ddp: error: run logs given without "
                                                     "--plot (300)"),
                         (["--hook", "gloo"], "train_ddp: error: argument --hook: invalid "
-                                             "choice: 'gloo'")):
+                                             "choice: 'gloo'"),
+                        (["--coalesce-mb", "-1"], "train_ddp: error: --coalesce-mb -1.0: give "
+                                                  "MiB >= 0")):
         r = subprocess.run([sys.executable, EXAMPLE, *args], env=e, cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
         one_line_error(r, start)
@@ -346,3 +357,11 @@ def test_launch_gives_each_rank_one_thread_unless_told_otherwise():
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert sorted(r.stdout.split()) == want, r.stdout
+
+
+def test_hook_state_refuses_a_bad_coalesce_bytes():
+    import strait
+    import strait.torch as st
+    for bad in (-1, 1.5, "64MiB"):
+        with pytest.raises(strait.StraitError, match="coalesce_bytes=.*give a byte count >= 0"):
+            st.HierarchicalState(None, coalesce_bytes=bad)
