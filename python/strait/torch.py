@@ -1,15 +1,16 @@
 # PyTorch integration: a DDP communication hook that runs Strait's cross-region all-reduce, and a
 # `strait` process-group backend whose all-reduce is that cross-region step.
 #
-# The hook (hierarchical_hook with a HierarchicalState) does, for each gradient bucket, on one
-# worker thread per state and in the order DDP issues the buckets:
+# The hook (hierarchical_hook with a HierarchicalState) does, for each gradient bucket (or run of
+# coalesced buckets, below), on one worker thread per state and in the order DDP issues them:
 #   1. reduce-scatter the bucket inside the region with the region's own torch process group
 #      (NCCL: reduce_scatter_tensor; gloo, which has none: each rank sends every peer its slice
 #      with isend/irecv and sums its own in rank order; other backends: all_reduce and slice);
 #   2. copy this rank's shard to host memory and all-reduce it across the regions through this
 #      rank's straitd (a 1-rank Strait comm; the straitd must serve shard r = the rank in region,
 #      so that shard k of every region meets at the straitds of index k); the gateway applies the
-#      job's compression policy and error feedback (residuals kept per bucket key);
+#      job's compression policy and error feedback (residuals kept per key: the bucket or run's
+#      indices and its parameters' shapes, which DDP's rebuild of its buckets changes);
 #   3. divide by the world size once, copy back and all-gather the shards inside the region.
 # It returns a torch.futures.Future, so DDP overlaps the buckets with the rest of backward.
 # Consecutive buckets of a step are coalesced (concatenated and run through 1-3 as one) up to
@@ -28,15 +29,18 @@
 #   ...; state.close()
 #
 # Failures (the gateway unreachable or its deadline passed, another rank dead, a region that
-# disagrees) fail the bucket's future with a strait.StraitError (the region group's own errors
-# are wrapped in one, code ERROR_ABORTED); DDP raises it from backward() as a RuntimeError whose
-# message names it, and state.error holds the StraitError itself; the state then stays failed.
+# disagrees) fail the bucket's future (and those coalesced with it) with a strait.StraitError
+# (the region group's own errors are wrapped in one, code ERROR_ABORTED); DDP raises it from
+# backward() as a RuntimeError whose message names it, and state.error holds the StraitError
+# itself; the state then stays failed, and fails every later bucket.
 # Give the process groups a timeout no longer than the Strait deadline so that a rank waiting for
 # a dead peer inside the region fails in time too.
+import contextlib
 import datetime
 import queue
 import threading
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -99,9 +103,9 @@ class HierarchicalState:
         # Shard r of every region meets at the straitds serving r (one per rank, or one per node).
         self.comm = Comm(region=region, rank=0, nranks=1, gateway=gateway, job_id=job_id,
                          compression=compression, timeout=timeout, shard=self.region_rank)
-        self.steps = 0          # buckets all-reduced
+        self.steps = 0          # cross-region steps (one per bucket, or per coalesced run)
         self.wan_elements = 0   # elements this rank sent across regions (before compression)
-        # Seconds the worker spent in each stage, summed over buckets (for benchmarks).
+        # Seconds the worker spent in each stage, summed over steps (for benchmarks).
         self.seconds = {"region_reduce": 0.0, "cross_region": 0.0, "region_gather": 0.0}
         self._failed = None
         self._peers = None  # global ranks of the region group's members (gloo exchange)
@@ -135,10 +139,11 @@ class HierarchicalState:
         """The StraitError that failed the hook (None while it works)."""
         return self._failed
 
-    def submit(self, buf, index, last=True):
+    def submit(self, buf, index, last=True, layout=""):
         """Queues one bucket (a flat tensor) and returns the Future of its reduced values.
         last: whether it is the step's last bucket (GradBucket.is_last()): a bucket may wait for
-        the next ones up to coalesce_bytes, never past the last."""
+        the next ones up to coalesce_bytes, never past the last. layout: a text that changes
+        when the bucket's parameters change (part of the error-feedback key)."""
         if buf.is_cuda:
             fut = torch.futures.Future(devices=[buf.device])
             stream = torch.cuda.current_stream(buf.device)
@@ -147,10 +152,10 @@ class HierarchicalState:
             stream = None
         if self._closed:
             fut.set_exception(StraitError(ERROR_INVALID_ARGUMENT, "the hook's state is closed"))
-        elif self._failed is not None:
-            fut.set_exception(self._failed)
         else:
-            self._queue.put((buf, index, fut, stream, last))
+            # Queued even once the state failed: the worker fails it, and with it any bucket it
+            # still holds for coalescing, which nothing else would complete.
+            self._queue.put((buf, index, fut, stream, last, layout))
         return fut
 
     def _loop(self):
@@ -158,9 +163,8 @@ class HierarchicalState:
         while True:
             item = self._queue.get()
             if item is None:
-                for _, _, fut, _, _ in group:  # closed mid-step: nothing will complete them
-                    fut.set_exception(StraitError(ERROR_INVALID_ARGUMENT,
-                                                  "the hook's state was closed mid-step"))
+                self._fail(group, StraitError(ERROR_INVALID_ARGUMENT,
+                                              "the hook's state was closed mid-step"))
                 return
             buf = item[0]
             if group and (buf.dtype != group[0][0].dtype or buf.device != group[0][0].device):
@@ -168,42 +172,48 @@ class HierarchicalState:
                 group, size = [], 0
             group.append(item)
             size += buf.numel() * buf.element_size()
-            if item[4] or size >= self.coalesce_bytes:
+            if item[4] or size >= self.coalesce_bytes or self._failed is not None:
                 self._run(group)
                 group, size = [], 0
 
+    @staticmethod
+    def _fail(group, error):
+        for item in group:
+            item[2].set_exception(error)
+
     def _run(self, group):
         """Reduces a run of consecutive buckets as one and completes their futures."""
-        first, last = group[0][1], group[-1][1]
-        label = f"bucket {first}" if len(group) == 1 else f"buckets {first}-{last}"
         if self._failed is not None:
-            for _, _, fut, _, _ in group:
-                fut.set_exception(self._failed)
+            self._fail(group, self._failed)
             return
         bufs = [item[0] for item in group]
-        flat = bufs[0] if len(bufs) == 1 else torch.cat(bufs)
-        key = f"ddp.bucket{first}" if len(group) == 1 else f"ddp.buckets{first}-{last}"
+        first, last = group[0][1], group[-1][1]
+        label = f"bucket {first}" if len(group) == 1 else f"buckets {first}-{last}"
+        # DDP rebuilds its buckets after the first step (other members, other order) and a run
+        # may keep its indices and size: the layout keeps error-feedback residuals apart.
+        layout = zlib.crc32("|".join(item[5] for item in group).encode())
+        key = f"ddp.bucket{first}" + ("" if len(group) == 1 else f"-{last}") + f".{layout:08x}"
         stream = group[0][3]
         try:
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    self._reduce(flat, key)
-            else:
+            # The concatenation and the copies back run on DDP's stream, ordered with the
+            # gradients' writes and the region group's operations on it.
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                flat = bufs[0] if len(bufs) == 1 else torch.cat(bufs)
                 self._reduce(flat, key)
-            if len(bufs) > 1:
-                for b, part in zip(bufs, flat.split([b.numel() for b in bufs])):
-                    b.copy_(part)
-        except BaseException as e:  # noqa: BLE001 -- handed to DDP through the future
+                if len(bufs) > 1:
+                    for b, part in zip(bufs, flat.split([b.numel() for b in bufs])):
+                        b.copy_(part)
+        except BaseException as e:  # noqa: BLE001 -- handed to DDP through the futures
             if not isinstance(e, StraitError):
-                # The region group's own failure (a dead peer, its timeout): one exception
-                # type for every failure of the hook.
-                e = StraitError(ERROR_ABORTED, f"{label} ({flat.numel()} {flat.dtype}), "
-                                f"inside the region ({self.backend}): {type(e).__name__}: {e}")
+                # The region group's own failure (a dead peer, its timeout), or the device's (out
+                # of memory for the concatenation): one exception type for every failure.
+                size = sum(b.numel() for b in bufs)
+                e = StraitError(ERROR_ABORTED, f"{label} ({size} {bufs[0].dtype}), inside the "
+                                f"region ({self.backend}): {type(e).__name__}: {e}")
             self._failed = e
-            for _, _, fut, _, _ in group:
-                fut.set_exception(e)
+            self._fail(group, e)
             return
-        for b, _, fut, _, _ in group:
+        for b, _, fut, _, _, _ in group:
             fut.set_result(b)
 
     def _reduce(self, buf, key):
@@ -285,7 +295,8 @@ def hierarchical_hook(state, bucket):
     # Through then(): a failure then reaches DDP as a future error (which backward() raises as a
     # RuntimeError naming the StraitError and its message), not as an exception object DDP
     # would try to use as the bucket's tensor. state.error keeps the StraitError itself.
-    return state.submit(bucket.buffer(), bucket.index(), bucket.is_last()).then(_value)
+    layout = ",".join("x".join(map(str, g.shape)) for g in bucket.gradients())
+    return state.submit(bucket.buffer(), bucket.index(), bucket.is_last(), layout).then(_value)
 
 
 def _value(fut):

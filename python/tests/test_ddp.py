@@ -358,10 +358,3 @@ def test_launch_gives_each_rank_one_thread_unless_told_otherwise():
         assert r.returncode == 0, r.stdout + r.stderr
         assert sorted(r.stdout.split()) == want, r.stdout
 
-
-def test_hook_state_refuses_a_bad_coalesce_bytes():
-    import strait
-    import strait.torch as st
-    for bad in (-1, 1.5, "64MiB"):
-        with pytest.raises(strait.StraitError, match="coalesce_bytes=.*give a byte count >= 0"):
-            st.HierarchicalState(None, coalesce_bytes=bad)
