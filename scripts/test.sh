@@ -5,7 +5,7 @@
 # all the sanitizers' reports need, and 8-10% less compile time than full -g) and runs every test
 # with ctest, fuzz runs included (20 s per target), then the Python tests (python/tests) against
 # that build. Where nvcc is found (/usr/local/cuda/bin or $PATH) it also builds the `cuda` preset
-# and runs the `gpu` tests. On 2 cores it takes 21 to 30 minutes from a fresh clone (about half
+# and runs the `gpu` tests. On 2 cores it takes 21 to 32 minutes from a fresh clone (about half
 # building, half testing; README.md, "Quick start"). It sets STRAIT_LIBRARY, STRAITD, LD_PRELOAD
 # and ASAN_OPTIONS for the Python tests itself and reads no environment variables of its own.
 # Exits non-zero when any test fails.
