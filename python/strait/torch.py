@@ -35,6 +35,7 @@
 # itself; the state then stays failed, and fails every later bucket.
 # Give the process groups a timeout no longer than the Strait deadline so that a rank waiting for
 # a dead peer inside the region fails in time too.
+import collections
 import contextlib
 import datetime
 import queue
@@ -155,7 +156,7 @@ class HierarchicalState:
         else:
             # Queued even once the state failed: the worker fails it, and with it any bucket it
             # still holds for coalescing, which nothing else would complete.
-            self._queue.put((buf, index, fut, stream, last, layout))
+            self._queue.put(_Queued(buf, index, fut, stream, last, layout))
         return fut
 
     def _loop(self):
@@ -166,34 +167,34 @@ class HierarchicalState:
                 self._fail(group, StraitError(ERROR_INVALID_ARGUMENT,
                                               "the hook's state was closed mid-step"))
                 return
-            buf = item[0]
-            if group and (buf.dtype != group[0][0].dtype or buf.device != group[0][0].device):
+            buf = item.buf
+            if group and (buf.dtype != group[0].buf.dtype or buf.device != group[0].buf.device):
                 self._run(group)
                 group, size = [], 0
             group.append(item)
             size += buf.numel() * buf.element_size()
-            if item[4] or size >= self.coalesce_bytes or self._failed is not None:
+            if item.last or size >= self.coalesce_bytes or self._failed is not None:
                 self._run(group)
                 group, size = [], 0
 
     @staticmethod
     def _fail(group, error):
         for item in group:
-            item[2].set_exception(error)
+            item.fut.set_exception(error)
 
     def _run(self, group):
         """Reduces a run of consecutive buckets as one and completes their futures."""
         if self._failed is not None:
             self._fail(group, self._failed)
             return
-        bufs = [item[0] for item in group]
-        first, last = group[0][1], group[-1][1]
+        bufs = [item.buf for item in group]
+        first, last = group[0].index, group[-1].index
         label = f"bucket {first}" if len(group) == 1 else f"buckets {first}-{last}"
         # DDP rebuilds its buckets after the first step (other members, other order) and a run
         # may keep its indices and size: the layout keeps error-feedback residuals apart.
-        layout = zlib.crc32("|".join(item[5] for item in group).encode())
+        layout = zlib.crc32("|".join(item.layout for item in group).encode())
         key = f"ddp.bucket{first}" + ("" if len(group) == 1 else f"-{last}") + f".{layout:08x}"
-        stream = group[0][3]
+        stream = group[0].stream
         try:
             # The concatenation and the copies back run on DDP's stream, ordered with the
             # gradients' writes and the region group's operations on it.
@@ -213,8 +214,8 @@ class HierarchicalState:
             self._failed = e
             self._fail(group, e)
             return
-        for b, _, fut, _, _, _ in group:
-            fut.set_result(b)
+        for item in group:
+            item.fut.set_result(item.buf)
 
     def _reduce(self, buf, key):
         n, m, r, g = buf.numel(), self.region_size, self.region_rank, self.region_group
@@ -288,6 +289,11 @@ class HierarchicalState:
         for j in range(1, m):
             shard.add_(parts[r] if j == r else got[j])
         return shard
+
+
+# A bucket queued for the worker: its flat buffer, DDP's index, the future DDP waits on, the CUDA
+# stream (None on the CPU), whether it is the step's last, and its parameters' shapes.
+_Queued = collections.namedtuple("_Queued", "buf index fut stream last layout")
 
 
 def hierarchical_hook(state, bucket):
