@@ -27,9 +27,8 @@
 #ifndef STRAIT_BENCH_ALLREDUCE_BENCH_H_
 #define STRAIT_BENCH_ALLREDUCE_BENCH_H_
 
-#include <CLI/CLI.hpp>
-
 #include "bench/bench_common.h"
+#include "tools/cli/cli_fwd.h"
 
 namespace strait::bench {
 

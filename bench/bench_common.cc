@@ -1,6 +1,7 @@
 // Shared strait-bench plumbing: validators, machine description, progress line, buffers.
 #include "bench/bench_common.h"
 
+#include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <algorithm>

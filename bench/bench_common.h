@@ -8,7 +8,6 @@
 #ifndef STRAIT_BENCH_BENCH_COMMON_H_
 #define STRAIT_BENCH_BENCH_COMMON_H_
 
-#include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "common/version.h"
+#include "tools/cli/cli_fwd.h"
 
 namespace strait::bench {
 

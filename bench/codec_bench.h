@@ -14,7 +14,6 @@
 #ifndef STRAIT_BENCH_CODEC_BENCH_H_
 #define STRAIT_BENCH_CODEC_BENCH_H_
 
-#include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -26,6 +25,7 @@
 #include "strait/codec.h"
 #include "strait/status.h"
 #include "strait/types.h"
+#include "tools/cli/cli_fwd.h"
 
 namespace strait::bench {
 

@@ -1,6 +1,7 @@
 // `strait-bench codec`'s command line: the flags and their checks, the parsing of codec row
 // specs (also used by `strait-bench link`), and what runs. Apart from the measurement
 // (codec_bench.cc) because it is about the user's input rather than about codecs.
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <iostream>
 #include <memory>

@@ -18,7 +18,6 @@
 #ifndef STRAIT_BENCH_LINK_BENCH_H_
 #define STRAIT_BENCH_LINK_BENCH_H_
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +27,7 @@
 #include "bench/codec_bench.h"
 #include "net/link.h"
 #include "strait/status.h"
+#include "tools/cli/cli_fwd.h"
 
 namespace strait::bench {
 

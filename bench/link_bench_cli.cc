@@ -1,6 +1,7 @@
 // `strait-bench link`'s command line: the flags, their checks and defaults, and what runs
 // (the server, or the client and its report). Apart from the measurement (link_bench.cc) because
 // it is the one part about the user's input rather than about links.
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 #include <string>

@@ -1,6 +1,7 @@
 // The tools' shared command-line conventions (see cli.h).
 #include "tools/cli/cli.h"
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>

@@ -17,10 +17,10 @@
 #include <string>
 #include <string_view>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/version.h"
+#include "tools/cli/cli_fwd.h"
 
 namespace strait::cli {
 
