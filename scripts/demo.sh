@@ -6,7 +6,7 @@
 # the report says so) beside a flat ring, and last a short PyTorch training run on loopback (2
 # regions x 2 ranks, load_digits): plain gloo DDP beside DDP with the Strait hook (int8 with error
 # feedback), each rank with its own straitd. Installs what is missing first (scripts/setup.sh)
-# and builds the release preset in build/release; on 2 cores it takes 5.5 to 6 minutes from a
+# and builds the release preset in build/release; on 2 cores it takes 4.8 to 6 minutes from a
 # fresh clone, less once built. It sets STRAIT_LIBRARY and PYTHONPATH for the PyTorch run
 # itself and reads no environment variables of its own.
 #
