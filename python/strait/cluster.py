@@ -92,7 +92,7 @@ class Gateways:
 
     def __init__(self, straitd, regions, shards, workdir, address=None, prefix=None, tls=None,
                  policy=DEFAULT_POLICY, deadline="30s", streams=2, ports=None, env=None,
-                 metrics=False, per_gateway=1, max_rate=None):
+                 metrics=False, per_gateway=1, max_rate=None, congestion_control=None):
         if per_gateway < 1 or shards % per_gateway != 0:
             raise ValueError(f"per_gateway={per_gateway} must divide shards={shards}")
         self.per_gateway = per_gateway
@@ -103,6 +103,8 @@ class Gateways:
         # straitd's link.max_rate (a rate string such as "50mbit"): pacing, each straitd's share
         # of the WAN path to every peer region. None: unpaced.
         self.max_rate = max_rate
+        # straitd's link.congestion_control (e.g. "reno"). None: the system's default.
+        self.congestion_control = congestion_control
         if ports is None:
             free = free_ports(regions * shards)
             ports = lambda r, i: free[r * shards + i]  # noqa: E731
@@ -146,6 +148,8 @@ class Gateways:
         t += f"[link]\nstreams = {self.streams}\n"
         if self.max_rate:
             t += f'max_rate = "{self.max_rate}"\n'
+        if self.congestion_control:
+            t += f'congestion_control = "{self.congestion_control}"\n'
         t += "[policy]\n" + self.policy
         if self.metrics_port is not None:
             t += f'[metrics]\nlisten = "{self.address(r)}:{self.metrics_port(r, i)}"\n'

@@ -74,6 +74,9 @@ def parse(argv):
                    help="straitd's link.max_rate, e.g. 50mbit: each straitd paces its link to "
                         "every peer region at RATE (its share of the WAN path: the path's rate "
                         "/ the ranks per region); default: unpaced")
+    p.add_argument("--cc", metavar="ALGORITHM",
+                   help="straitd's link.congestion_control for its WAN streams, e.g. reno, "
+                        "cubic or bbr; default: the system's (each namespace's with --wanem)")
     p.add_argument("--wan-bytes-out", metavar="FILE",
                    help="write the bytes every straitd sent to its WAN peers "
                         "(strait_peer_sent_bytes_total, summed) to FILE when the ranks are done")
@@ -132,7 +135,7 @@ def main(argv=None):
                                             a.ranks, workdir, address=address, prefix=prefix,
                                             tls=tls, policy=a.policy, deadline=a.deadline,
                                             ports=ports, metrics=bool(a.wan_bytes_out),
-                                            max_rate=a.max_rate)
+                                            max_rate=a.max_rate, congestion_control=a.cc)
                 gateways.start()
             except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as e:
                 # Setup failures are the user's to fix (a missing straitd, a config straitd

@@ -190,6 +190,28 @@ def test_launch_max_rate_paces_every_straitd_and_a_bad_rate_is_refused(straitd, 
     assert "link.max_rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_launch_cc_sets_every_straitds_congestion_control_and_refuses_an_unknown_one(
+        straitd, tmp_path):
+    # --cc becomes each straitd's link.congestion_control; an algorithm the kernel lacks fails
+    # the launch with straitd's error, which names what the kernel offers, before any rank runs.
+    r = launch(straitd, tmp_path / "ok", [sys.executable, "-c", "print('RAN')"], ranks=1,
+               extra=("--cc", "reno"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("RAN") == 2, r.stdout + r.stderr
+    configs = sorted(p for p in os.listdir(tmp_path / "ok") if p.endswith(".toml"))
+    assert len(configs) == 2, configs
+    for name in configs:
+        with open(tmp_path / "ok" / name) as f:
+            assert 'congestion_control = "reno"' in f.read(), name
+    r = launch(straitd, tmp_path / "bad", [sys.executable, "-c", "print('RAN')"], ranks=1,
+               extra=("--cc", "nosuchcc"), timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "RAN" not in r.stdout
+    assert "strait.launch: cannot start the straitds" in r.stderr, r.stderr
+    assert "nosuchcc" in r.stderr and "reno" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_launch_without_a_straitd_says_where_it_looked(tmp_path):
     # A setup problem is one line naming what to fix, exit status 2, and no rank runs.
     for straitd_env, expect in ((str(tmp_path / "nowhere"), "$STRAITD is"),
@@ -316,7 +338,9 @@ def test_training_example_refuses_run_logs_without_plot_and_bad_options(tmp_path
                         (["--hook", "gloo"], "train_ddp: error: argument --hook: invalid "
                                              "choice: 'gloo'"),
                         (["--coalesce-mb", "-1"], "train_ddp: error: --coalesce-mb -1.0: give "
-                                                  "MiB >= 0")):
+                                                  "MiB >= 0"),
+                        (["--steps", "0"], "train_ddp: error: --steps 0: give a number of "
+                                           "steps >= 1")):
         r = subprocess.run([sys.executable, EXAMPLE, *args], env=e, cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
         one_line_error(r, start)
