@@ -6,14 +6,16 @@
 #   strait zstd: the same hook, zstd (lossless);
 # each rank with its own straitd (shard_index = rank in region), mutual TLS between regions.
 # Model: examples/pytorch/train_ddp.py's MLP widened to about 4 M parameters (16 MiB of fp32
-# gradients per step) on load_digits. Prints per run the median step time, the WAN bytes per step
-# (bytes all regions sent on wan0, every kind of traffic, over the steps after the first 5), the
-# final test accuracy and whether every rank ended with bit-identical parameters (a SHA-256 per rank), then the
-# headline figures; writes the loss plot.
+# gradients per step) on load_digits. Prints per run the median step time, the wall time per
+# step (the whole loop after the first 5 steps), the WAN bytes per step (bytes all regions sent
+# on wan0, every kind of traffic, over those steps), the final test accuracy and whether every
+# rank ended with bit-identical parameters (a SHA-256 per rank), then the headline figures;
+# writes the loss plot.
 #
 #   sudo bench/pytorch_ddp.sh [BUILD_DIR] [--json]     # default build/release; ~5-10 minutes
 #
-# STEPS (40), BATCH (16 per rank), MAX_RATE (50mbit: each straitd's link.max_rate), OUT (a
+# STEPS (40), BATCH (16 per rank), MAX_RATE (50mbit: each straitd's link.max_rate), CC (reno:
+# each straitd's link.congestion_control; `system` leaves the namespaces' bbr), OUT (a
 # temporary directory: runs/*.json, loss.png) override.
 # Goals: strait int8 step time >= 5x faster than gloo (speedup); accuracy within 1 point of gloo.
 # --json: one JSON object {runs: [...], speedup, accuracy_delta_points, ...} on stdout.
@@ -27,7 +29,7 @@ JSON=0
 for a in "$@"; do
   case $a in
     --json) JSON=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) BUILD=$a ;;
   esac
 done
@@ -35,6 +37,12 @@ STEPS=${STEPS:-40}
 # Each straitd paces its links at its share of a pair's 100 Mbit/s (2 straitds per region);
 # MAX_RATE=0 leaves them unpaced (straitd's link.max_rate; the figures before 2026-12-03).
 MAX_RATE=${MAX_RATE:-50mbit}
+# The straitds' congestion control. Under bbr (strait-wanem's default for the emulated hosts,
+# which gloo's run keeps: 2335 ms per step against 2720 under reno) a paced link's flow now and
+# then drops to bbr's PROBE_RTT window (4 packets for 200 ms, every 10 s without a new minimum
+# RTT), and the synchronous mesh waits for its slowest flow: `strait-bench allreduce --size
+# 16MiB --codec int8 --iters 40 --cc X` max 579 ms under bbr, 317 under reno, 323 under cubic.
+CC=${CC:-reno}
 BATCH=${BATCH:-16}
 PY=/usr/bin/python3
 NAME=ptddp
@@ -66,6 +74,7 @@ run() {  # label hook compression
   local launch=("$PY" -m strait.launch --regions 3 --ranks 2 --wanem "$NAME" --wanem-bin "$WANEM"
                 --straitd "$STRAITD" --tls --deadline 120s --workdir "$OUT/gw-$label")
   [[ $MAX_RATE == 0 ]] || launch+=(--max-rate "$MAX_RATE")
+  [[ $CC == system ]] || launch+=(--cc "$CC")
   [[ $hook == none ]] && launch+=(--no-gateways)
   say "== $label =="
   if ! "${launch[@]}" -- "$PY" examples/pytorch/train_ddp.py --hook "$hook" \
@@ -86,16 +95,17 @@ run strait-zstd strait zstd
 $PY examples/pytorch/train_ddp.py --plot "$OUT/loss.png" "$OUT"/runs/{gloo,strait-int8,strait-zstd}.json >&2
 # --json carries the fields every Strait tool's report has (tool, version, timestamp).
 VERSION=$("$STRAITD" --version | awk '{print $2}')
-$PY - "$OUT" "$JSON" "$LOAD" "$STEPS" "$VERSION" <<'PYEOF'
+$PY - "$OUT" "$JSON" "$LOAD" "$STEPS" "$VERSION" "$CC" <<'PYEOF'
 import datetime, json, os, sys
 out, as_json, load, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
-version = sys.argv[5]
+version, cc = sys.argv[5], sys.argv[6]
 runs = []
 for label in ("gloo", "strait-int8", "strait-zstd"):
     with open(f"{out}/runs/{label}.json") as f:
         r = json.load(f)
     wan = r["wan_bytes_per_step"]
-    runs.append({"label": label, "step_time_s": r["step_time_s"], "wan_bytes_per_step": wan,
+    runs.append({"label": label, "step_time_s": r["step_time_s"],
+                 "wall_step_s": r["wall_step_s"], "wan_bytes_per_step": wan,
                  "accuracy": r["accuracy"], "identical_parameters": r["identical"],
                  "params": r["params"], "final_loss": r["steps"][-1]["loss"]})
 g, i8 = runs[0], runs[1]
@@ -104,6 +114,7 @@ delta = 100 * (i8["accuracy"] - g["accuracy"])
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 result = {"tool": "pytorch_ddp.sh", "version": version, "timestamp": now,
           "regions": 3, "ranks_per_region": 2, "link": "100mbit,20ms one way, TLS",
+          "straitd_congestion_control": cc,
           "steps": steps, "params": g["params"], "runs": runs, "speedup": speedup,
           "accuracy_delta_points": delta, "speedup_goal": 5.0,
           "identical_everywhere": all(r["identical_parameters"] for r in runs),
@@ -111,15 +122,17 @@ result = {"tool": "pytorch_ddp.sh", "version": version, "timestamp": now,
 if as_json:
     print(json.dumps(result, indent=1))
 else:
-    print(f"\n{'run':<13} {'step ms':>9} {'WAN MB/step':>12} {'accuracy':>9} {'identical':>9}")
+    print(f"\n{'run':<13} {'step ms':>9} {'wall ms':>9} {'WAN MB/step':>12} {'accuracy':>9} "
+          f"{'identical':>9}")
     for r in runs:
-        print(f"{r['label']:<13} {1000 * r['step_time_s']:9.1f} {r['wan_bytes_per_step'] / 1e6:12.2f} "
+        print(f"{r['label']:<13} {1000 * r['step_time_s']:9.1f} {1000 * r['wall_step_s']:9.1f} "
+              f"{r['wan_bytes_per_step'] / 1e6:12.2f} "
               f"{100 * r['accuracy']:8.2f}% {'yes' if r['identical_parameters'] else 'NO':>9}")
     print(f"speedup (gloo / strait int8 step time): {speedup:.2f}x  (goal >= 5x: "
           f"{'PASS' if speedup >= 5 else 'MISS'})")
     print(f"accuracy delta (int8 - gloo): {delta:+.2f} points  (goal within 1: "
           f"{'PASS' if abs(delta) <= 1 else 'MISS'})")
-    print(f"{g['params']} parameters, {steps} steps; load average at start {load}; "
-          f"loss plot {out}/loss.png")
+    print(f"{g['params']} parameters, {steps} steps; straitds' congestion control {cc}; load "
+          f"average at start {load}; loss plot {out}/loss.png")
 sys.exit(0 if result["identical_everywhere"] else 1)
 PYEOF
