@@ -1,5 +1,6 @@
 # Runs one training command as regions x ranks local processes, torchrun-style, each with its own
-# straitd (shard_index = rank in region): for tests, the demo and the benchmark on one machine.
+# straitd (shard_index = rank in region; --straitds-per-region N: N per region, each serving the
+# shards of ranks / N ranks): for tests, the demo and the benchmark on one machine.
 # On loopback by default; with --wanem NAME each region's ranks and straitds run in that
 # strait-wanem instance's namespace (root; `strait-wanem up --name NAME` first), region r at
 # 10.201.r.1, and --tls gives the straitds mutual TLS with a throwaway CA.
@@ -74,6 +75,10 @@ def parse(argv):
                    help="straitd's link.max_rate, e.g. 50mbit: each straitd paces its link to "
                         "every peer region at RATE (its share of the WAN path: the path's rate "
                         "/ the ranks per region); default: unpaced")
+    p.add_argument("--straitds-per-region", type=int, metavar="N",
+                   help="straitds per region, each serving the shards of ranks / N consecutive "
+                        "ranks behind one socket (straitd's `shards`, as one gateway per node "
+                        "does); default: one per rank")
     p.add_argument("--cc", metavar="ALGORITHM",
                    help="straitd's link.congestion_control for its WAN streams, e.g. reno, "
                         "cubic or bbr; default: the system's (each namespace's with --wanem)")
@@ -93,6 +98,11 @@ def parse(argv):
                "--ranks 2 -- python3 train.py")
     if a.regions < 1 or a.ranks < 1:
         refuse(f"--regions {a.regions} --ranks {a.ranks}: both must be at least 1")
+    per_region = a.ranks if a.straitds_per_region is None else a.straitds_per_region
+    if per_region < 1 or a.ranks % per_region != 0:
+        refuse(f"--straitds-per-region {per_region}: give a divisor of --ranks {a.ranks} (each "
+               "straitd serves as many ranks' shards as the others)")
+    a.per_gateway = a.ranks // per_region
     if a.regions < 2 and not a.no_gateways:
         # Each straitd needs a peer region: with one region there is nothing to reduce across,
         # and straitd would refuse its generated config (no peers) after the launch began.
@@ -135,7 +145,8 @@ def main(argv=None):
                                             a.ranks, workdir, address=address, prefix=prefix,
                                             tls=tls, policy=a.policy, deadline=a.deadline,
                                             ports=ports, metrics=bool(a.wan_bytes_out),
-                                            max_rate=a.max_rate, congestion_control=a.cc)
+                                            max_rate=a.max_rate, congestion_control=a.cc,
+                                            per_gateway=a.per_gateway)
                 gateways.start()
             except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as e:
                 # Setup failures are the user's to fix (a missing straitd, a config straitd

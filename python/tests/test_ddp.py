@@ -212,6 +212,30 @@ def test_launch_cc_sets_every_straitds_congestion_control_and_refuses_an_unknown
     assert "Traceback" not in r.stderr, r.stderr
 
 
+def test_launch_with_one_straitd_per_region_serves_both_ranks_shards(library, straitd,
+                                                                     tmp_path):
+    # --straitds-per-region 1: one straitd per region serves the shards of both its ranks
+    # behind one socket; the hook's steps go through it and every rank ends identical.
+    log = tmp_path / "run.json"
+    r = launch(straitd, tmp_path / "gw",
+               [sys.executable, EXAMPLE, "--hook", "strait", "--compression", "int8,ef",
+                "--steps", "12", "--quiet", "--log", str(log)],
+               extra=("--straitds-per-region", "1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    configs = sorted(p for p in os.listdir(tmp_path / "gw") if p.endswith(".toml"))
+    assert configs == ["straitd_r0_0.toml", "straitd_r1_0.toml"], configs
+    for name in configs:
+        with open(tmp_path / "gw" / name) as f:
+            assert 'shards = "0-1"' in f.read(), name
+    import json
+    assert json.loads(log.read_text())["identical"]
+    # A count that does not divide the ranks is refused in one line before anything starts.
+    r = run_launch(["--ranks", "2", "--straitds-per-region", "3", "--straitd", straitd, "--",
+                    sys.executable, "-c", "print('RAN')"])
+    one_line_error(r, "strait.launch: --straitds-per-region 3: give a divisor of --ranks 2")
+    assert "RAN" not in r.stdout
+
+
 def test_launch_without_a_straitd_says_where_it_looked(tmp_path):
     # A setup problem is one line naming what to fix, exit status 2, and no rank runs.
     for straitd_env, expect in ((str(tmp_path / "nowhere"), "$STRAITD is"),
