@@ -110,6 +110,7 @@ class HierarchicalState:
         self.seconds = {"region_reduce": 0.0, "cross_region": 0.0, "region_gather": 0.0}
         self._failed = None
         self._peers = None  # global ranks of the region group's members (gloo exchange)
+        self._scratch_buffers = collections.OrderedDict()  # (name, numel, dtype) -> CPU tensor
         self._queue = queue.Queue()
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="strait-ddp-hook", daemon=True)
@@ -199,7 +200,11 @@ class HierarchicalState:
             # The concatenation and the copies back run on DDP's stream, ordered with the
             # gradients' writes and the region group's operations on it.
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                flat = bufs[0] if len(bufs) == 1 else torch.cat(bufs)
+                if len(bufs) == 1:
+                    flat = bufs[0]
+                else:
+                    flat = torch.cat(bufs, out=self._scratch("run", sum(b.numel() for b in bufs),
+                                                             bufs[0]))
                 self._reduce(flat, key)
                 if len(bufs) > 1:
                     for b, part in zip(bufs, flat.split([b.numel() for b in bufs])):
@@ -221,7 +226,12 @@ class HierarchicalState:
         n, m, r, g = buf.numel(), self.region_size, self.region_rank, self.region_group
         t0 = time.monotonic()
         s = (n + m - 1) // m
-        flat = buf if s * m == n else torch.cat([buf, buf.new_zeros(s * m - n)])
+        if s * m == n:
+            flat = buf
+        else:
+            flat = self._scratch("padded", s * m, buf)
+            flat[:n].copy_(buf)
+            flat[n:].zero_()
         # 1. Inside the region: this rank ends with the region's sum of shard r.
         if m == 1:
             shard = flat
@@ -277,7 +287,7 @@ class HierarchicalState:
             global_rank = getattr(c10d, "get_global_rank", None) or c10d._get_global_rank
             peers = self._peers = [global_rank(g, j) for j in range(m)]
         parts = list(flat.split(s))
-        got = {j: torch.empty_like(parts[r]) for j in range(m) if j != r}
+        got = {j: self._scratch(f"recv{j}", s, flat) for j in range(m) if j != r}
         works = []
         for j in range(m):
             if j != r:
@@ -285,10 +295,32 @@ class HierarchicalState:
                 works.append(dist.irecv(got[j], peers[j], group=g))
         for w in works:
             w.wait()
-        shard = got[0].clone() if r != 0 else parts[0].clone()
+        shard = self._scratch("shard", s, flat)
+        shard.copy_(got[0] if r != 0 else parts[0])
         for j in range(1, m):
             shard.add_(parts[r] if j == r else got[j])
         return shard
+
+    _SCRATCH_KEPT = 8
+
+    def _scratch(self, name, numel, like):
+        """A tensor of numel elements of like's dtype and device for one use inside a run (its
+        contents are undefined). On the CPU it is kept for the next steps: torch's CPU allocator
+        gives multi-MiB blocks back to the kernel, and faulting their pages in again each step
+        cost more than the copies themselves (bench/pytorch_ddp.sh: 32 MiB per rank and step;
+        a fresh 32 MiB tensor filled costs 94 ms on its 2-core VM, a reused one 1 ms). The
+        worker uses them one run at a time; the _SCRATCH_KEPT most recently used stay (a run
+        is at most coalesce_bytes plus a bucket). CUDA's caching allocator already reuses."""
+        if like.device.type != "cpu":
+            return like.new_empty(numel)
+        k = (name, numel, like.dtype)
+        t = self._scratch_buffers.pop(k, None)
+        if t is None:
+            t = like.new_empty(numel)
+        self._scratch_buffers[k] = t
+        while len(self._scratch_buffers) > self._SCRATCH_KEPT:
+            self._scratch_buffers.popitem(last=False)
+        return t
 
 
 # A bucket queued for the worker: its flat buffer, DDP's index, the future DDP waits on, the CUDA

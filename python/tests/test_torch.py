@@ -1,6 +1,7 @@
 # The DDP hook's worker (strait.torch.HierarchicalState) on its own, without process groups or a
 # straitd: coalescing, and that every bucket's future completes when a step fails or the state
 # closes mid-step (a future left pending hangs DDP's backward for good).
+import collections
 import queue
 import threading
 import time
@@ -17,6 +18,7 @@ def bare_state(coalesce_bytes, reduce):
     s = st.HierarchicalState.__new__(st.HierarchicalState)
     s.coalesce_bytes, s.backend, s._failed, s._closed = coalesce_bytes, "gloo", None, False
     s._queue = queue.Queue()
+    s._scratch_buffers = collections.OrderedDict()
     s._reduce = reduce
     s._worker = threading.Thread(target=s._loop, daemon=True)
     s._worker.start()
@@ -49,6 +51,31 @@ def test_buckets_are_coalesced_up_to_the_bound_and_the_last_one():
     # 8 + 12 bytes reach 16: buckets 0-1 as one; then 2-3, ended by the last bucket.
     assert [n for _, n in keys] == [5, 2]
     assert keys[0][0].startswith("ddp.bucket0-1.") and keys[1][0].startswith("ddp.bucket2-3.")
+    s._queue.put(None)
+
+
+def test_a_coalesced_run_reuses_its_buffer_across_steps_and_few_are_kept():
+    # The concatenation of a run is a CPU buffer kept for the next steps (fresh multi-MiB
+    # tensors cost page faults every step), never stale: each step's values come through.
+    seen = []
+
+    def double(flat, key):
+        seen.append(flat.data_ptr())
+        flat.mul_(2)
+
+    s = bare_state(1 << 20, double)
+    for step in range(3):
+        bufs = [torch.full((n,), float(step * 10 + i)) for i, n in enumerate((5, 7))]
+        futs = [s.submit(b, i, last=(i == 1)) for i, b in enumerate(bufs)]
+        for i, (b, f) in enumerate(zip(bufs, futs)):
+            assert torch.equal(outcome(f), torch.full((b.numel(),), 2.0 * (step * 10 + i)))
+    assert len(seen) == 3 and len(set(seen)) == 1, seen
+    assert [t.data_ptr() for t in s._scratch_buffers.values()] == seen[:1]
+    # Runs of many sizes: only the most recent few buffers stay.
+    for n in range(1, 20):
+        futs = [s.submit(torch.ones(n), 0, last=False), s.submit(torch.ones(1), 1, last=True)]
+        assert all(torch.equal(outcome(f), torch.full(f.wait().shape, 2.0)) for f in futs)
+    assert len(s._scratch_buffers) <= st.HierarchicalState._SCRATCH_KEPT
     s._queue.put(None)
 
 
