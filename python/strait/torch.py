@@ -11,7 +11,8 @@
 #      so that shard k of every region meets at the straitds of index k); the gateway applies the
 #      job's compression policy and error feedback (residuals kept per key: the bucket or run's
 #      indices and its parameters' shapes, which DDP's rebuild of its buckets changes);
-#   3. divide by the world size once, copy back and all-gather the shards inside the region.
+#   3. divide by the world size once, copy back and all-gather the shards inside the region
+#      (NCCL: all_gather_into_tensor; gloo: isend/irecv straight into the run's slices).
 # It returns a torch.futures.Future, so DDP overlaps the buckets with the rest of backward.
 # Consecutive buckets of a step are coalesced (concatenated and run through 1-3 as one) up to
 # coalesce_bytes (64 MiB) or the step's last bucket: each cross-region step pays the WAN's
@@ -263,6 +264,8 @@ class HierarchicalState:
                 out = flat.new_empty(s * m)
                 ag(out, shard, group=g)
                 flat = out
+            elif self.backend == "gloo":
+                self._exchange_gather(flat, shard, s)
             else:
                 parts = list(flat.split(s))
                 dist.all_gather(parts, shard.clone() if shard.data_ptr() == parts[r].data_ptr()
@@ -275,31 +278,44 @@ class HierarchicalState:
         self.seconds["region_gather"] += t3 - t2
 
 
-    def _exchange_reduce(self, flat, s):
-        """Reduce-scatter for gloo, which has none: every rank sends slice j to rank j and sums
-        the slices it receives for its own, in region rank order (the same order on every
-        rank, so the result does not depend on arrival). Half the traffic and additions of
-        all_reduce-then-slice."""
+    def _exchange(self, send, recv):
+        """Point-to-point inside the region: send(j) goes to and recv(j) comes from every other
+        member j, all in flight at once; returns when every one is done."""
         g, r, m = self.region_group, self.region_rank, self.region_size
         peers = self._peers
         if peers is None:
             c10d = dist.distributed_c10d
             global_rank = getattr(c10d, "get_global_rank", None) or c10d._get_global_rank
             peers = self._peers = [global_rank(g, j) for j in range(m)]
-        parts = list(flat.split(s))
-        got = {j: self._scratch(f"recv{j}", s, flat) for j in range(m) if j != r}
         works = []
         for j in range(m):
             if j != r:
-                works.append(dist.isend(parts[j], peers[j], group=g))
-                works.append(dist.irecv(got[j], peers[j], group=g))
+                works.append(dist.isend(send(j), peers[j], group=g))
+                works.append(dist.irecv(recv(j), peers[j], group=g))
         for w in works:
             w.wait()
+
+    def _exchange_reduce(self, flat, s):
+        """Reduce-scatter for gloo, which has none: every rank sends slice j to rank j and sums
+        the slices it receives for its own, in region rank order (the same order on every
+        rank, so the result does not depend on arrival). Half the traffic and additions of
+        all_reduce-then-slice."""
+        r, m = self.region_rank, self.region_size
+        parts = list(flat.split(s))
+        got = {j: self._scratch(f"recv{j}", s, flat) for j in range(m) if j != r}
+        self._exchange(lambda j: parts[j], lambda j: got[j])
         shard = self._scratch("shard", s, flat)
         shard.copy_(got[0] if r != 0 else parts[0])
         for j in range(1, m):
             shard.add_(parts[r] if j == r else got[j])
         return shard
+
+    def _exchange_gather(self, flat, shard, s):
+        """All-gather for gloo straight into flat's slices: gloo's all_gather copies through a
+        temporary of the whole run, fresh pages each step."""
+        parts = list(flat.split(s))
+        self._exchange(lambda j: shard, lambda j: parts[j])
+        parts[self.region_rank].copy_(shard)
 
     _SCRATCH_KEPT = 8
 
