@@ -170,46 +170,31 @@ def test_strait_process_group_backend(library, straitd, tmp_path):
     assert r.stdout.count("PG-OK") == 2, r.stdout + r.stderr
 
 
-def test_launch_max_rate_paces_every_straitd_and_a_bad_rate_is_refused(straitd, tmp_path):
-    # --max-rate becomes each straitd's link.max_rate (straitd then paces its links); a rate it
-    # cannot read fails the launch with straitd's error naming the key, before any rank runs.
+# --max-rate and --cc become each straitd's link.max_rate (straitd then paces its links) and
+# link.congestion_control; a value straitd refuses (a rate it cannot read, an algorithm the
+# kernel lacks: its error names what the kernel offers) fails the launch with straitd's error,
+# before any rank runs.
+@pytest.mark.parametrize("option,good,line,bad,said", [
+    ("--max-rate", "50mbit", 'max_rate = "50mbit"', "50", ("link.max_rate",)),
+    ("--cc", "reno", 'congestion_control = "reno"', "nosuchcc", ("nosuchcc", "reno")),
+])
+def test_launch_link_options_reach_every_straitd_and_bad_values_are_refused(
+        straitd, tmp_path, option, good, line, bad, said):
     r = launch(straitd, tmp_path / "ok", [sys.executable, "-c", "print('RAN')"], ranks=1,
-               extra=("--max-rate", "50mbit"))
+               extra=(option, good))
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("RAN") == 2, r.stdout + r.stderr
     configs = sorted(p for p in os.listdir(tmp_path / "ok") if p.endswith(".toml"))
     assert len(configs) == 2, configs
     for name in configs:
         with open(tmp_path / "ok" / name) as f:
-            assert 'max_rate = "50mbit"' in f.read(), name
+            assert line in f.read(), name
     r = launch(straitd, tmp_path / "bad", [sys.executable, "-c", "print('RAN')"], ranks=1,
-               extra=("--max-rate", "50"), timeout=60)
+               extra=(option, bad), timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "RAN" not in r.stdout
     assert "strait.launch: cannot start the straitds" in r.stderr, r.stderr
-    assert "link.max_rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-def test_launch_cc_sets_every_straitds_congestion_control_and_refuses_an_unknown_one(
-        straitd, tmp_path):
-    # --cc becomes each straitd's link.congestion_control; an algorithm the kernel lacks fails
-    # the launch with straitd's error, which names what the kernel offers, before any rank runs.
-    r = launch(straitd, tmp_path / "ok", [sys.executable, "-c", "print('RAN')"], ranks=1,
-               extra=("--cc", "reno"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("RAN") == 2, r.stdout + r.stderr
-    configs = sorted(p for p in os.listdir(tmp_path / "ok") if p.endswith(".toml"))
-    assert len(configs) == 2, configs
-    for name in configs:
-        with open(tmp_path / "ok" / name) as f:
-            assert 'congestion_control = "reno"' in f.read(), name
-    r = launch(straitd, tmp_path / "bad", [sys.executable, "-c", "print('RAN')"], ranks=1,
-               extra=("--cc", "nosuchcc"), timeout=60)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "RAN" not in r.stdout
-    assert "strait.launch: cannot start the straitds" in r.stderr, r.stderr
-    assert "nosuchcc" in r.stderr and "reno" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
+    assert all(w in r.stderr for w in said) and "Traceback" not in r.stderr, r.stderr
 
 
 def test_launch_with_one_straitd_per_region_serves_both_ranks_shards(library, straitd,
