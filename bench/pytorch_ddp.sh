@@ -44,8 +44,8 @@ MAX_RATE=${MAX_RATE:-50mbit}
 NODE_MAX_RATE=${NODE_MAX_RATE:-100mbit}
 # The straitds' congestion control. Under bbr (strait-wanem's default for the emulated hosts,
 # which gloo's run keeps: 2335 ms per step against 2720 under reno) a paced link's flow now and
-# then drops to bbr's PROBE_RTT window (4 packets for 200 ms, every 10 s without a new minimum
-# RTT), and the synchronous mesh waits for its slowest flow: `strait-bench allreduce --size
+# then stalls for about 200 ms (likely bbr's PROBE_RTT: 4 packets for 200 ms every 10 s without
+# a new minimum RTT; not traced), and the synchronous mesh waits for its slowest flow: `strait-bench allreduce --size
 # 16MiB --codec int8 --iters 40 --cc X` max 579 ms under bbr, 317 under reno, 323 under cubic.
 CC=${CC:-reno}
 BATCH=${BATCH:-16}
