@@ -94,10 +94,8 @@ struct LinkOptions {
   int64_t close_flush_ns = int64_t{5'000'000'000};
   // TCP_CONGESTION for every stream ("bbr", "cubic", "reno"; "" = the system default).
   std::string congestion_control;
-  // Pacing: the most bits per second this link sends toward its peer, all its streams together,
-  // counted as packets on the path (IP and TCP headers included, as a circuit's rate is): each
-  // stream gets an equal share, less its packets' headers, as SO_MAX_PACING_RATE (which counts
-  // payload), redone whenever a stream comes or goes.
+  // Pacing: the most bits per second this link sends toward its peer, all its streams together
+  // (each gets SO_MAX_PACING_RATE of an equal share, redone whenever a stream comes or goes).
   // 0 = no cap: TCP's congestion control alone, which on a WAN path with shallow buffers and
   // several flows (two gateways of a region, or several streams) overshoots and drops: BBR
   // probes above its share, and the flows' estimates together exceed the path. Set it to this

@@ -60,16 +60,12 @@ void LinkCore::Attach(const std::shared_ptr<StreamConn>& stream, int slot) {
 void LinkCore::Pace() {
   if (options_.max_rate_bps == 0 || streams_up_ <= 0) return;
   // An equal share: the streams carry chunks from one queue, so a stream held back by its cap
-  // only leaves more chunks to the others. max_rate counts packets on the path, the kernel's
-  // cap counts payload: each stream's share is scaled by its own packets' headers.
+  // only leaves more chunks to the others.
   const uint64_t share = std::max<uint64_t>(1, options_.max_rate_bps / 8 /
                                                    static_cast<uint64_t>(streams_up_));
   for (const auto& s : slots_) {
     if (!s || !s->up) continue;
-    const int fd = s->Lowest().native_handle();
-    StatusOr<PacketShape> shape = ReadPacketShape(fd);
-    const uint64_t payload = PayloadRateForWireRate(share, shape.ok() ? *shape : PacketShape{});
-    if (Status st = SetMaxPacingRate(fd, payload); !st.ok()) {
+    if (Status st = SetMaxPacingRate(s->Lowest().native_handle(), share); !st.ok()) {
       STRAIT_LOG(kWarn, "net") << s->peer() << ": cannot pace the stream (" << st.message()
                                << "); it sends as fast as TCP lets it";
     }

@@ -7,7 +7,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -126,38 +125,6 @@ StatusOr<TcpInfo> ReadTcpInfo(int fd) {
     out.max_pacing_bytes_per_s = info.tcpi_max_pacing_rate;
   }
   return out;
-}
-
-StatusOr<PacketShape> ReadPacketShape(int fd) {
-  tcp_info info{};
-  socklen_t len = sizeof(info);
-  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return Errno("TCP_INFO");
-  sockaddr_storage addr{};
-  socklen_t addr_len = sizeof(addr);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) {
-    return Errno("getsockname");
-  }
-  PacketShape shape;
-  if (info.tcpi_snd_mss > 0) shape.payload_bytes = info.tcpi_snd_mss;
-  // An IPv6 socket talking to an IPv4 peer (a v4-mapped address) sends IPv4 packets.
-  bool ipv6 = false;
-  if (addr.ss_family == AF_INET6) {
-    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    ipv6 = !IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr);
-  }
-  // tcpi_snd_mss already leaves room for the options every segment carries (timestamps: 12
-  // bytes with padding), so they are header here.
-  const uint32_t timestamps = (info.tcpi_options & TCPI_OPT_TIMESTAMPS) != 0 ? 12 : 0;
-  shape.header_bytes = (ipv6 ? 40u : 20u) + 20u + timestamps;
-  return shape;
-}
-
-uint64_t PayloadRateForWireRate(uint64_t wire_bytes_per_s, const PacketShape& shape) {
-  if (shape.payload_bytes == 0) return std::max<uint64_t>(1, wire_bytes_per_s);
-  const long double payload = shape.payload_bytes;
-  const long double rate = static_cast<long double>(wire_bytes_per_s) * payload /
-                           (payload + static_cast<long double>(shape.header_bytes));
-  return std::max<uint64_t>(1, static_cast<uint64_t>(rate));
 }
 
 std::string WanHostTuningAdvice() {

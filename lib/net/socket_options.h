@@ -43,21 +43,6 @@ Status SetMaxPacingRate(int fd, uint64_t bytes_per_second);
 // Reads TCP_INFO; zeros where the kernel does not say.
 StatusOr<TcpInfo> ReadTcpInfo(int fd);
 
-// What one full-sized packet of a connected TCP socket carries: the sender's MSS of payload
-// and the IP and TCP headers around it (IPv4 or IPv6, with TCP timestamps or without). The
-// defaults are an IPv4 path of MTU 1500 with timestamps, Linux's usual case.
-struct PacketShape {
-  uint32_t payload_bytes = 1448;
-  uint32_t header_bytes = 52;
-};
-StatusOr<PacketShape> ReadPacketShape(int fd);
-// The kernel paces TCP payload (SO_MAX_PACING_RATE counts segment bytes, headers left out),
-// while a path's rate -- a circuit's, strait-wanem's -- counts whole packets: a stream paced at
-// the path's rate overfills it by headers / payload (3.6% at MTU 1500), its queue grows until
-// it drops, and a long transfer loses packets on a link nothing else uses. This is the payload
-// rate whose packets fill `wire_bytes_per_s` and no more (at least 1).
-uint64_t PayloadRateForWireRate(uint64_t wire_bytes_per_s, const PacketShape& shape);
-
 // The kernel's list, e.g. "reno bbr cubic"; "" if unreadable.
 std::string AvailableCongestionControls();
 
