@@ -28,8 +28,9 @@
 #           <= 1.2x library mode's time.
 # The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
 # peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
-# CHUNK sets straitd's allreduce.chunk_elements (0: its default, 2^18). SIZE (64MiB), ITERS (3),
-# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE and CHUNK override;
+# CHUNK sets straitd's allreduce.chunk_elements (0: its default, 2^18). CC sets the gateways'
+# link.congestion_control (bbr, cubic, reno; empty: the system's). SIZE (64MiB), ITERS (3),
+# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK and CC override;
 # a small SIZE checks the script, not the goals (the small case is 4 KiB whatever SIZE says).
 # The link bound is DESIGN's 2L + 2S(n-1)/(n r B); on strait-wanem every directed pair has its
 # own rate, so the per-pair floor is the tighter one (the note under the table gives each mesh
@@ -46,6 +47,7 @@ CASES=${CASES:-equal hetero bf16 small collnet}
 STREAMS=${STREAMS:-1}   # straitd's link.streams default; links adapt from it
 PACE=${PACE:-true}
 CHUNK=${CHUNK:-0}
+CC=${CC:-}
 
 die() { echo "allreduce_goals: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem creates network namespaces)"
@@ -63,6 +65,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 COMMON=(allreduce --regions 3 --ranks-per-region 2 --warmup "$WARMUP" --streams "$STREAMS"
         --pace "$PACE" --chunk-elements "$CHUNK" --transport tls --straitd "$STRAITD" --json)
+[[ -z $CC ]] || COMMON+=(--cc "$CC")
 # Every case but small runs the configured size; every one but hetero runs on equal links.
 SIZED=(--size "$SIZE" --iters "$ITERS")
 EQUAL=(--link 100mbit,20ms)
