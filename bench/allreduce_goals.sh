@@ -216,8 +216,9 @@ head = ["issue", "config", "measured ms", "baseline ms", "ratio", "bound ms", "m
         "result"]
 table = [head] + rows
 width = [max(len(r[i]) for r in table) for i in range(len(head))]
+cc = load(cases[0]).get("congestion_control") or "the system's"
 print(f"# strait-bench allreduce goals (issues #4 and #16): 3 regions x 2 ranks, {size} "
-      f"(small: 4 KiB), TLS gateways")
+      f"(small: 4 KiB), TLS gateways, congestion control {cc}")
 for r in table:
     print("  ".join(c.ljust(width[i]) if i in (0, 1, 7) else c.rjust(width[i])
                     for i, c in enumerate(r)).rstrip())
