@@ -10,7 +10,10 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "bench/allreduce_internal.h"
@@ -111,6 +114,20 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
     s.why_loopback = "no emulation: " + p.message();
   } else {
     s.emulated = true;
+  }
+  if (!f.link_trace.empty() && !s.emulated) {
+    return UsageError(kCommand, "--link-trace",
+                      "traces emulated links, and this run has none (" + s.why_loopback +
+                          "): run as root without --loopback, or drop --link-trace");
+  }
+  if (!f.link_trace.empty()) {
+    // Each run appends its samples: start from an empty file.
+    std::FILE* trace = std::fopen(f.link_trace.c_str(), "w");
+    if (trace == nullptr) {
+      return UsageError(kCommand, "--link-trace",
+                        "cannot write '" + f.link_trace + "': " + std::strerror(errno));
+    }
+    std::fclose(trace);
   }
   // TLS by default where the links are emulated WAN links (what a deployment runs); loopback
   // runs are demos and smoke tests, where plain TCP keeps the CPU for the gateways.
@@ -293,6 +310,11 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
   cmd.add_flag("--phases", f->phases,
                "Print each gateway's time per op split into encode, waiting for frames, on the "
                "wire, reduce, decode and local hand-over (straitd's stats counters)");
+  cmd.add_option("--link-trace", f->link_trace,
+                 "Write the emulated links' router counters to this CSV through every run: per "
+                 "directed pair and ~50 ms sample, bytes delivered, packets dropped by cause "
+                 "(queue full, lost, policed) and the queue's backlog")
+      ->type_name("PATH");
   cmd.add_option("--codec", f->codec,
                  "Job policy for the mesh: none, zstd[:L], int8, int4, fp8, auto [,ef|,noef]; "
                  "several separated by '/' run one mesh row each (e.g. int8/zstd)")

@@ -86,6 +86,9 @@ struct Flags {
   std::string dtype_name = "float32";    // --dtype as given
   DataType dtype = DataType::kFloat32;   // --dtype parsed (ranks are passed dtype_name)
   bool phases = false;                   // --phases: per-gateway time split under the table
+  // --link-trace: the emulated links' router counters through every run, one CSV row per
+  // directed pair and sample (where and when packets are dropped); "" = none.
+  std::string link_trace;
   // --gateway: one rank against an already running straitd (the operator's smoke test).
   std::string gateway;
   int region_index = -1;
@@ -265,6 +268,16 @@ struct RunResult {
   double link_use_mean = 0;
   double link_use_min = 0;
   uint64_t link_drops = 0;
+  // The same per directed pair (src region > dst region), every pair that carried bytes.
+  struct PairUse {
+    int src = 0, dst = 0;
+    double busy = 0;  // delivered bytes / (rate x window)
+    uint64_t delivered_bytes = 0;
+    uint64_t queue_full = 0, lost = 0, policed = 0;  // dropped packets by cause
+    uint64_t peak_backlog_bytes = 0;  // the most bytes seen waiting, against queue_limit_bytes
+    uint64_t queue_limit_bytes = 0;
+  };
+  std::vector<PairUse> pairs;
   // Mesh: straitd's time counters per measured iteration, mean over the gateways, in ms (keys
   // of kTimeKeys without "_ns").
   std::vector<std::pair<std::string, double>> gateway_ms;

@@ -349,6 +349,31 @@ std::string FormatTable(const Report& rep) {
       }
     }
   }
+  if (f.phases && rep.setup.emulated) {
+    o << "# links per directed pair over the measured iterations: busy = delivered / (rate x "
+         "window); drops by cause (tail drop when the queue is full, the model's loss, the "
+         "per-flow policer); peak backlog = the most bytes seen waiting, beside the queue's "
+         "limit\n";
+    for (const uint64_t size : rep.sizes) {
+      for (const RunResult* r : RowsOf(rep, size)) {
+        if (r->pairs.empty()) continue;
+        o << "# " << r->label << (sweep ? " @ " + SizeText(size) : "") << ":\n";
+        std::vector<std::vector<std::string>> rows = {
+            {"#", "pair", "busy", "MB", "queue full", "lost", "policed", "peak backlog KB",
+             "queue KB"}};
+        for (const RunResult::PairUse& p : r->pairs) {
+          rows.push_back({"#", std::to_string(p.src) + ">" + std::to_string(p.dst),
+                          Fixed(p.busy * 100, 0) + "%",
+                          Fixed(static_cast<double>(p.delivered_bytes) / 1e6, 1),
+                          std::to_string(p.queue_full), std::to_string(p.lost),
+                          std::to_string(p.policed),
+                          Fixed(static_cast<double>(p.peak_backlog_bytes) / 1e3, 0),
+                          Fixed(static_cast<double>(p.queue_limit_bytes) / 1e3, 0)});
+        }
+        o << AlignColumns(rows, 2);
+      }
+    }
+  }
   // Straggler detection (straitd's slow_peers): printed whenever a gateway names a peer, which
   // on equal emulated links means something other than the links held the run back.
   for (const uint64_t size : rep.sizes) {
@@ -439,6 +464,21 @@ Json RunJson(const Report& rep, const RunResult& r) {
   x["link_busy_mean"] = emulated ? Json(r.link_use_mean) : Json(nullptr);
   x["link_busy_min"] = emulated ? Json(r.link_use_min) : Json(nullptr);
   x["link_drops"] = emulated ? Json(r.link_drops) : Json(nullptr);
+  Json pairs = Json::array();
+  for (const RunResult::PairUse& p : r.pairs) {
+    Json y;
+    y["src"] = p.src;
+    y["dst"] = p.dst;
+    y["busy"] = p.busy;
+    y["delivered_bytes"] = p.delivered_bytes;
+    y["drops_queue_full"] = p.queue_full;
+    y["drops_lost"] = p.lost;
+    y["drops_policed"] = p.policed;
+    y["peak_backlog_bytes"] = p.peak_backlog_bytes;
+    y["queue_limit_bytes"] = p.queue_limit_bytes;
+    pairs.push_back(y);
+  }
+  x["link_pairs"] = emulated ? pairs : Json(nullptr);
   if (r.size <= kSmallMessageBytes) {
     const double rtt = emulated ? RttSeconds(rep.setup.table) : 0;
     Json sm;

@@ -22,7 +22,8 @@ namespace strait::bench::allreduce {
 namespace {
 
 // Router counters sampled through a run, to tell how busy the emulated links were in the
-// measured window (where the time goes: a link that idles is time not spent sending).
+// measured window (where the time goes: a link that idles is time not spent sending) and where
+// and when packets were dropped.
 class LinkSampler {
  public:
   explicit LinkSampler(const wanem::Emulator* emulator) : emulator_(emulator) {
@@ -41,30 +42,46 @@ class LinkSampler {
     thread_.join();
     Take();
   }
-  // Fills the link_* fields of `r` for the window [begin_ns, end_ns).
+  // Fills the link_* fields and `pairs` of `r` for the window [begin_ns, end_ns).
   void Summarise(const wanem::LinkTable& t, int64_t begin_ns, int64_t end_ns, RunResult* r) const {
     if (samples_.size() < 2 || end_ns <= begin_ns) return;
-    const Sample& a = At(begin_ns);
-    const Sample& b = At(end_ns);
+    const size_t first = At(begin_ns), last = At(end_ns);
+    const Sample& a = samples_[first];
+    const Sample& b = samples_[last];
     const double secs = static_cast<double>(b.at_ns - a.at_ns) / 1e9;
     if (secs <= 0) return;
     double sum = 0, lowest = 1e300, busiest = 0;
     int used = 0;
-    for (size_t k = 0; k < b.delivered.size(); ++k) {
-      busiest = std::max(busiest, static_cast<double>(b.delivered[k] - a.delivered[k]));
+    for (size_t k = 0; k < b.links.size(); ++k) {
+      busiest = std::max(busiest, static_cast<double>(b.links[k].delivered_bytes -
+                                                      a.links[k].delivered_bytes));
     }
     for (int i = 0; i < t.regions; ++i) {
       for (int j = 0; j < t.regions; ++j) {
         if (i == j) continue;
         const size_t k = static_cast<size_t>(i * t.regions + j);
-        const double bytes = static_cast<double>(b.delivered[k] - a.delivered[k]);
-        r->link_drops += b.dropped[k] - a.dropped[k];
+        const wanem::LinkStats& from = a.links[k];
+        const wanem::LinkStats& to = b.links[k];
+        RunResult::PairUse p;
+        p.src = i;
+        p.dst = j;
+        p.delivered_bytes = to.delivered_bytes - from.delivered_bytes;
+        p.queue_full = Count(to, from, wanem::Verdict::kQueueFull);
+        p.lost = Count(to, from, wanem::Verdict::kLost);
+        p.policed = Count(to, from, wanem::Verdict::kPoliced);
+        p.queue_limit_bytes = queue_limits_[k];
+        for (size_t s = first; s <= last; ++s) {
+          p.peak_backlog_bytes = std::max(p.peak_backlog_bytes, samples_[s].links[k].backlog_bytes);
+        }
+        r->link_drops += p.queue_full + p.lost + p.policed;
+        const double bytes = static_cast<double>(p.delivered_bytes);
+        p.busy = bytes * 8.0 / (RateBps(t, i, j) * secs);
+        if (bytes > 0) r->pairs.push_back(p);
         // Pairs that carried only acknowledgements (the ring's backward direction) are not
         // links the algorithm uses.
         if (bytes <= 0.05 * busiest) continue;
-        const double use = bytes * 8.0 / (RateBps(t, i, j) * secs);
-        sum += use;
-        lowest = std::min(lowest, use);
+        sum += p.busy;
+        lowest = std::min(lowest, p.busy);
         ++used;
       }
     }
@@ -73,32 +90,87 @@ class LinkSampler {
     r->link_use_min = lowest;
   }
 
+  // Appends this run's samples to the CSV at `path` (its header first when the file is new or
+  // empty): per directed pair that moved, what it delivered and dropped since the previous
+  // sample, and its backlog. Time is relative to `begin_ns` (the measured window's start).
+  Status AppendTrace(const std::string& path, const std::string& run, int64_t begin_ns,
+                     int64_t end_ns) const {
+    std::FILE* out = std::fopen(path.c_str(), "a");
+    if (out == nullptr) {
+      return UnavailableError("--link-trace " + path + ": " + std::strerror(errno) +
+                              " (give a writable path)");
+    }
+    if (std::ftell(out) == 0) {
+      std::fputs("run,t_ms,measured,src,dst,delivered_bytes,queue_full,lost,policed,"
+                 "backlog_bytes,queue_limit_bytes\n",
+                 out);
+    }
+    for (size_t s = 1; s < samples_.size(); ++s) {
+      const Sample& a = samples_[s - 1];
+      const Sample& b = samples_[s];
+      const bool measured = b.at_ns > begin_ns && a.at_ns < end_ns;
+      for (size_t k = 0; k < b.links.size(); ++k) {
+        const wanem::LinkStats& from = a.links[k];
+        const wanem::LinkStats& to = b.links[k];
+        const uint64_t moved = to.delivered_bytes - from.delivered_bytes;
+        const uint64_t drops = Count(to, from, wanem::Verdict::kQueueFull) +
+                               Count(to, from, wanem::Verdict::kLost) +
+                               Count(to, from, wanem::Verdict::kPoliced);
+        if (moved == 0 && drops == 0 && to.backlog_bytes == 0) continue;
+        std::fprintf(out, "%s,%.1f,%d,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%llu\n", run.c_str(),
+                     static_cast<double>(b.at_ns - begin_ns) / 1e6, measured ? 1 : 0,
+                     k / regions_, k % regions_, static_cast<unsigned long long>(moved),
+                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kQueueFull)),
+                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kLost)),
+                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kPoliced)),
+                     static_cast<unsigned long long>(to.backlog_bytes),
+                     static_cast<unsigned long long>(queue_limits_[k]));
+      }
+    }
+    const bool failed = std::ferror(out) != 0;
+    if (std::fclose(out) != 0 || failed) {
+      return UnavailableError("--link-trace " + path + ": write failed (disk full?)");
+    }
+    return Status::Ok();
+  }
+
  private:
   struct Sample {
     int64_t at_ns = 0;
-    std::vector<uint64_t> delivered, dropped;  // [src * regions + dst]
+    std::vector<wanem::LinkStats> links;  // [src * regions + dst]
   };
+  static uint64_t Count(const wanem::LinkStats& to, const wanem::LinkStats& from,
+                        wanem::Verdict v) {
+    return to.packets[static_cast<int>(v)] - from.packets[static_cast<int>(v)];
+  }
   void Take() {
     const wanem::RouterStats st = emulator_->Stats();
     Sample s;
     s.at_ns = MonotonicNanos();
     for (int i = 0; i < st.regions; ++i) {
       for (int j = 0; j < st.regions; ++j) {
-        const wanem::LinkStats& l = st.links[static_cast<size_t>(i)][static_cast<size_t>(j)];
-        s.delivered.push_back(l.delivered_bytes);
-        s.dropped.push_back(l.packets[static_cast<int>(wanem::Verdict::kLost)] +
-                            l.packets[static_cast<int>(wanem::Verdict::kQueueFull)] +
-                            l.packets[static_cast<int>(wanem::Verdict::kPoliced)]);
+        s.links.push_back(st.links[static_cast<size_t>(i)][static_cast<size_t>(j)]);
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (queue_limits_.empty() && st.regions > 0) {
+      regions_ = static_cast<size_t>(st.regions);
+      for (int i = 0; i < st.regions; ++i) {
+        for (int j = 0; j < st.regions; ++j) {
+          const wanem::LinkParams& p = st.params[static_cast<size_t>(i)][static_cast<size_t>(j)];
+          queue_limits_.push_back(i == j ? 0
+                                  : p.queue_limit_bytes != 0 ? p.queue_limit_bytes
+                                                             : wanem::DefaultQueueLimit(p));
+        }
+      }
+    }
     samples_.push_back(std::move(s));
   }
-  // The last sample at or before `ns` (the first one if none is).
-  const Sample& At(int64_t ns) const {
+  // The index of the last sample at or before `ns` (the first one if none is).
+  size_t At(int64_t ns) const {
     size_t k = 0;
     while (k + 1 < samples_.size() && samples_[k + 1].at_ns <= ns) ++k;
-    return samples_[k];
+    return k;
   }
 
   const wanem::Emulator* emulator_;
@@ -106,6 +178,8 @@ class LinkSampler {
   std::thread thread_;
   mutable std::mutex mu_;
   std::vector<Sample> samples_;
+  size_t regions_ = 0;
+  std::vector<uint64_t> queue_limits_;  // [src * regions + dst], from the first sample
 };
 
 }  // namespace
@@ -278,7 +352,15 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
   for (uint64_t b : region_bytes) {
     res.region_wan_bytes_per_iter.push_back(b / static_cast<uint64_t>(std::max(1, f.iters)));
   }
-  if (c.emulator) sampler.Summarise(c.table, window_begin, window_end, &res);
+  if (c.emulator) {
+    sampler.Summarise(c.table, window_begin, window_end, &res);
+    if (!f.link_trace.empty()) {
+      // One CSV field: codec lists use commas ("int8,ef").
+      std::string run = what + " " + std::to_string(f.size) + "B " + job;
+      std::replace(run.begin(), run.end(), ',', '+');
+      STRAIT_RETURN_IF_ERROR(sampler.AppendTrace(f.link_trace, run, window_begin, window_end));
+    }
+  }
   return res;
 }
 

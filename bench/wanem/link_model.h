@@ -103,6 +103,9 @@ struct LinkStats {
   uint64_t bytes[kVerdictCount] = {};
   uint64_t delivered_packets = 0;
   uint64_t delivered_bytes = 0;
+  // A gauge, not a counter: bytes waiting for serialisation when the snapshot was taken (the
+  // router fills it in), to tell a standing queue from bursts that overflow an empty one.
+  uint64_t backlog_bytes = 0;
 };
 
 struct Packet {

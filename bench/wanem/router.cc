@@ -137,10 +137,12 @@ void Router::Publish() {
   s.regions = regions_;
   s.links.assign(regions_, std::vector<LinkStats>(regions_));
   s.params.assign(regions_, std::vector<LinkParams>(regions_));
+  const int64_t now = MonotonicNanos();
   for (int a = 0; a < regions_; ++a) {
     for (int b = 0; b < regions_; ++b) {
       if (a == b) continue;
       s.links[a][b] = links_[size_t(a) * regions_ + b]->stats();
+      s.links[a][b].backlog_bytes = links_[size_t(a) * regions_ + b]->BacklogBytes(now);
       s.params[a][b] = links_[size_t(a) * regions_ + b]->params();
     }
   }

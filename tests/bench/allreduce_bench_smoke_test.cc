@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -380,3 +383,78 @@ TEST(AllReduceBench, CollNetFlagsAreCheckedBeforeAnythingStarts) {
 #endif
 
 }  // namespace
+
+// --link-trace records the emulated links, so it is refused where nothing is emulated, with a
+// message that says so.
+TEST(AllReduceBench, LinkTraceNeedsEmulatedLinks) {
+  std::vector<std::string> argv = {STRAIT_BENCH_BINARY, "allreduce", "--loopback",
+                                   "--link-trace", "/tmp/strait-link-trace-unused.csv"};
+  const auto loopback = strait::test::RunCaptured(argv);
+  EXPECT_EQ(loopback.code, 2) << loopback.out << loopback.err;
+  EXPECT_NE(loopback.err.find("--link-trace"), std::string::npos) << loopback.err;
+  EXPECT_NE(loopback.err.find("emulated"), std::string::npos) << loopback.err;
+}
+
+// On emulated links (strait-wanem: root), --json gives every directed pair's delivered bytes,
+// drops by cause and backlog, and --link-trace a CSV of the same counters through the run; a
+// trace path it cannot write is refused before anything starts.
+TEST(AllReduceBench, EmulatedRunReportsEveryDirectedPairAndTracesIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "strait-wanem needs root";
+  const auto unwritable = strait::test::RunCaptured(
+      {STRAIT_BENCH_BINARY, "allreduce", "--link-trace", "/nonexistent-dir/trace.csv"});
+  EXPECT_EQ(unwritable.code, 2) << unwritable.out << unwritable.err;
+  EXPECT_NE(unwritable.err.find("cannot write '/nonexistent-dir/trace.csv'"), std::string::npos)
+      << unwritable.err;
+  char dir[] = "/tmp/strait-trace-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string trace = std::string(dir) + "/links.csv";
+  const auto r = RunBench({"allreduce", "--regions", "2", "--ranks-per-region", "1", "--size",
+                           "1MiB", "--iters", "2", "--codec", "int8", "--link",
+                           "100mbit,5ms", "--straitd", STRAITD_BINARY, "--timeout", "30",
+                           "--link-trace", trace, "--json"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["emulated"], true) << j;
+  const auto& run = j["runs"][0];
+  ASSERT_EQ(run["link_pairs"].size(), 2u) << run;
+  uint64_t drops = 0;
+  uint64_t json_delivered[2] = {0, 0};
+  for (const auto& p : run["link_pairs"]) {
+    const int src = p["src"].get<int>();
+    EXPECT_EQ(p["dst"].get<int>(), 1 - src) << p;
+    // The int8 shard one way and its result the other: far more than acks.
+    EXPECT_GT(p["delivered_bytes"].get<uint64_t>(), 100'000u) << p;
+    // One bandwidth-delay product (100 Mbit/s x 2 x 5 ms), strait-wanem's default.
+    EXPECT_EQ(p["queue_limit_bytes"].get<uint64_t>(), 125'000u) << p;
+    EXPECT_LE(p["peak_backlog_bytes"].get<uint64_t>(), 125'000u) << p;
+    drops += p["drops_queue_full"].get<uint64_t>() + p["drops_lost"].get<uint64_t>() +
+             p["drops_policed"].get<uint64_t>();
+    json_delivered[src] = p["delivered_bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(drops, run["link_drops"].get<uint64_t>()) << run;
+
+  std::ifstream in(trace);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line)) << trace << " is empty";
+  EXPECT_EQ(line, "run,t_ms,measured,src,dst,delivered_bytes,queue_full,lost,policed,"
+                  "backlog_bytes,queue_limit_bytes");
+  uint64_t csv_delivered[2] = {0, 0};
+  int rows = 0;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+    ASSERT_EQ(f.size(), 11u) << line;
+    ++rows;
+    if (f[2] == "1") csv_delivered[std::stoi(f[3])] += std::stoull(f[5]);
+  }
+  EXPECT_GT(rows, 2) << "a trace of a few samples at least";
+  // The CSV's measured rows are the samples overlapping the window the JSON counts from
+  // whole samples inside it: never less.
+  for (int src = 0; src < 2; ++src) {
+    EXPECT_GE(csv_delivered[src], json_delivered[src]) << "pair " << src << ">" << 1 - src;
+  }
+  std::remove(trace.c_str());
+  ::rmdir(dir);
+}
