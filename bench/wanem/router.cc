@@ -2,6 +2,8 @@
 #include "bench/wanem/router.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -26,6 +28,8 @@ constexpr int kReadBurst = 64;
 constexpr int64_t kReleaseSlackNanos = 5'000;
 constexpr size_t kMaxPooled = 8192;
 constexpr int64_t kPublishEveryNanos = 50'000'000;
+// Above every normal thread, below the kernel's own real-time threads (50 and up).
+constexpr int kRealtimePriority = 10;
 
 }  // namespace
 
@@ -171,6 +175,18 @@ RouterStats Router::Snapshot() const {
 }
 
 Status Router::Run() {
+  // A WAN link does not pause when the machine is busy, but a router thread that waits for a
+  // core does: packets pile up in the TUN queue meanwhile, the link idles, then they all arrive
+  // at once and overflow its queue. On a 2-core machine running six gateways and six ranks that
+  // cost ~10% of an all-reduce's time and hundreds of drops per run (bench/README.md,
+  // 2026-12-06). Real-time priority lets the router preempt them; the kernel's RT throttling
+  // (sched_rt_runtime_us) still leaves the others a share should it ever spin.
+  sched_param sp{};
+  sp.sched_priority = kRealtimePriority;
+  if (const int rc = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp); rc != 0) {
+    STRAIT_LOG(kWarn, "wanem") << "router at normal priority (SCHED_FIFO: " << std::strerror(rc)
+                               << "): under CPU load the emulated links stall and burst";
+  }
   const int64_t start = MonotonicNanos();
   int64_t last_publish = start;
   bool use_pwait2 = true;

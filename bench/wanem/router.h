@@ -5,7 +5,8 @@
 //
 // Usage: auto r = Router::Create(options); std::thread t([&] { status = (*r)->Run(); });
 //        ... (*r)->Stop(); t.join();
-// Run() blocks; Stop() and Snapshot() are thread-safe. The router does not own the TUN fds.
+// Run() blocks, at real-time priority (SCHED_FIFO) where it may; Stop() and Snapshot() are
+// thread-safe. The router does not own the TUN fds.
 #ifndef STRAIT_BENCH_WANEM_ROUTER_H_
 #define STRAIT_BENCH_WANEM_ROUTER_H_
 
