@@ -382,7 +382,7 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--chunk-elements", f->chunk_elements,
                  "Elements per pipelined chunk (straitd's allreduce.chunk_elements; 0: its "
-                 "default)")
+                 "rule by op, 65536 for lossy ops of 2^22 elements or more, else 262144)")
       ->check(cli::NumberIn(static_cast<double>(gateway::kMinChunkElements),
                             static_cast<double>(gateway::kMaxChunkElements), "elements",
                             "straitd's default"))

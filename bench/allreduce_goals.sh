@@ -28,7 +28,8 @@
 #           <= 1.2x library mode's time.
 # The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
 # peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
-# CHUNK sets straitd's allreduce.chunk_elements (0: its default, 2^18). CC sets the gateways'
+# CHUNK sets straitd's allreduce.chunk_elements (0: its rule by op: 2^16 for lossy ops of 2^22
+# elements or more, else 2^18). CC sets the gateways'
 # link.congestion_control (bbr, cubic, reno; empty: the system's). SIZE (64MiB), ITERS (3),
 # WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK and CC override;
 # a small SIZE checks the script, not the goals (the small case is 4 KiB whatever SIZE says).

@@ -75,7 +75,7 @@ struct Flags {
   // Emulating: each gateway paces its link to a peer region at its share of that directed
   // pair's rate (straitd's peers.<region>.max_rate = rate / gateways per region).
   bool pace = true;
-  // straitd's allreduce.chunk_elements; 0: its default (collective::kDefaultChunkElements).
+  // straitd's allreduce.chunk_elements; 0: its rule by op (collective::ChunkElementsFor).
   int64_t chunk_elements = 0;
   std::string straitd;
   double timeout_s = 600;

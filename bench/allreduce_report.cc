@@ -176,10 +176,12 @@ std::string FormatTable(const Report& rep) {
     << (rep.setup.emulated
             ? (f.pace ? ", paced at each pair's rate / gateways per region" : ", unpaced")
             : "")
-    << ", chunks of "
-    << (f.chunk_elements != 0 ? f.chunk_elements
-                              : static_cast<int64_t>(collective::kDefaultChunkElements))
-    << " elements; the ring baseline is plain TCP between the ranks\n";
+    << (f.chunk_elements != 0
+            ? ", chunks of " + std::to_string(f.chunk_elements) + " elements"
+            : ", chunks by op (straitd's rule: " + std::to_string(collective::kLargeOpChunkElements) +
+                  " elements for lossy ops of " + std::to_string(collective::kLargeOpElements) +
+                  " or more, else " + std::to_string(collective::kDefaultChunkElements) + ")")
+    << "; the ring baseline is plain TCP between the ranks\n";
   if (f.dial_only >= 0) {
     o << "# r" << f.dial_only << " is behind NAT (--dial-only): no connection into it "
       << (rep.setup.emulated ? "completes (strait-wanem syn=drop)" : "is made")
@@ -557,9 +559,8 @@ std::string FormatJson(const Report& rep) {
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
   j["paced"] = rep.setup.emulated && f.pace;
-  j["chunk_elements"] = f.chunk_elements != 0
-                            ? f.chunk_elements
-                            : static_cast<int64_t>(collective::kDefaultChunkElements);
+  // null: straitd's rule by op (collective::ChunkElementsFor).
+  j["chunk_elements"] = f.chunk_elements != 0 ? Json(f.chunk_elements) : Json(nullptr);
   j["links_equal"] = rep.links_equal;
   j["link"] = rep.setup.emulated ? Json(rep.setup.table.at(0, 1).ToString()) : Json(nullptr);
   j["rtt_s"] = rep.setup.emulated ? Json(RttSeconds(rep.setup.table)) : Json(nullptr);

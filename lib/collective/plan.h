@@ -44,6 +44,21 @@ const char* AlgorithmName(Algorithm algorithm) noexcept;  // "auto", "mesh", "ri
 // library mode's time instead of 1.2-1.6x; 2^16 cost zstd's ratio.
 // Every gateway of a job must cut alike: the gateway's op identity names its chunk size.
 inline constexpr size_t kDefaultChunkElements = size_t{1} << 18;
+// A large op alone on the links pays one chunk of store-and-forward at its end: an owner sends a
+// chunk's result only once every region's contribution to it arrived, so the last result leaves
+// a chunk's time on the slowest link (42 ms for 256 KB of int8 at 50 Mbit/s) plus a one-way
+// delay after the last contribution. On unequal links (200/100/50 Mbit/s, balanced shards,
+// 64 MiB fp32 int8+ef) 2^16-element chunks ran 1.15-1.16x the per-pair floor against 1.22x at
+// 2^18, and equal links and bf16 the same either way (bench/README.md, "2026-12-06 (evening)").
+// Small ops keep 2^18: NCCL's CollNet ops (4 MiB, eight in flight) fill the links together and
+// pay for every extra chunk; lossless codecs keep it too, zstd's ratio fell from 1.19 to 1.12.
+inline constexpr size_t kLargeOpChunkElements = size_t{1} << 16;
+inline constexpr size_t kLargeOpElements = size_t{1} << 22;
+// The chunk size for an op of `count` elements when the configuration names none: the same
+// numbers in every region (the op identity names the result), so gateways still cut alike.
+inline size_t ChunkElementsFor(size_t count, bool lossy) {
+  return lossy && count >= kLargeOpElements ? kLargeOpChunkElements : kDefaultChunkElements;
+}
 
 struct PlanOptions {
   size_t count = 0;                 // elements in the tensor

@@ -178,7 +178,9 @@ Status AllReduceService::Prepare(const Message& request, const Admission& a, con
                                                        : reply.data.data();
   req.feedback = &feedback_;
   req.shard_weights = g_.config.ShardWeights();  // empty (equal shards) unless configured
-  req.chunk_elements = g_.config.chunk_elements;
+  req.chunk_elements = g_.config.chunk_elements != 0
+                           ? g_.config.chunk_elements
+                           : collective::ChunkElementsFor(req.count, IsLossyCodec(tc.codec.codec));
   req.deadline = a.deadline;
   req.codec = tc.codec;
   req.error_feedback = tc.error_feedback;

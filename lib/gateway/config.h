@@ -45,7 +45,8 @@
 //   deadline = "60s"
 //   shutdown_grace = "30s"        # SIGTERM: how long in-flight all-reduces may still run
 //   shard_weights = { us-east = 100, eu-west = 50, ap-south = 50 }   # optional, see below
-//   chunk_elements = 262144       # pipelined chunk size; the same in every region (plan.h)
+//   chunk_elements = 262144       # pipelined chunk size; the same in every region (plan.h);
+//                                 # unset: 65536 for lossy ops of 2^22+ elements, else 262144
 //
 // Dial-only regions. Links between regions are dialled by one side and accepted by the other:
 // by default the region of lower rank (WorldRegions() order) dials. A region behind NAT or a
@@ -180,10 +181,11 @@ struct GatewayConfig {
   // ranks compute the split independently, and differing splits fail the all-reduce.
   std::map<std::string, uint64_t> shard_weights;
   // allreduce.chunk_elements: elements per pipelined chunk of a cross-region all-reduce
-  // (collective::kDefaultChunkElements says how to choose). Every gateway of every region must
-  // use the same: the op identity names it, so regions that differ fail each step with an error
-  // saying so instead of cutting the tensor differently.
-  size_t chunk_elements = collective::kDefaultChunkElements;
+  // (collective::kDefaultChunkElements says how to choose). 0 (unset): by the op's size and
+  // codec (collective::ChunkElementsFor). Every gateway of every region must use the same: the
+  // op identity names it, so regions that differ fail each step with an error saying so instead
+  // of cutting the tensor differently.
+  size_t chunk_elements = 0;
   // metrics.listen: where the operational HTTP server (/metrics, /healthz, /readyz; see
   // gateway/http.h) listens. Off (no server) when absent.
   std::optional<HostPort> metrics_listen;

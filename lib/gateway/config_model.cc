@@ -111,7 +111,7 @@ std::string GatewayConfig::Summary() const {
     for (size_t i = 0; i < w.size(); ++i) os << (i ? ", " : "") << w[i];
     os << "]";
   }
-  if (chunk_elements != collective::kDefaultChunkElements) {
+  if (chunk_elements != 0) {
     os << ", chunks of " << chunk_elements << " elements";
   }
   return os.str();

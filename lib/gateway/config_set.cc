@@ -16,6 +16,11 @@ namespace {
 // "a.toml" or "a.toml and b.toml"-style naming of where a region's setting comes from.
 std::string FileOf(const GatewayConfig& c) { return c.file.empty() ? "(config)" : c.file; }
 
+// "262144", or "unset (by op size)" for the default.
+std::string ChunkText(size_t chunk_elements) {
+  return chunk_elements == 0 ? std::string("unset (by op size)") : std::to_string(chunk_elements);
+}
+
 }  // namespace
 
 Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
@@ -81,8 +86,8 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
     }
     if (c.chunk_elements != first->chunk_elements) {
       return InvalidArgumentError(
-          FileOf(c) + ": allreduce.chunk_elements: " + std::to_string(c.chunk_elements) +
-          " differs from " + std::to_string(first->chunk_elements) + " in " + FileOf(*first) +
+          FileOf(c) + ": allreduce.chunk_elements: " + ChunkText(c.chunk_elements) +
+          " differs from " + ChunkText(first->chunk_elements) + " in " + FileOf(*first) +
           "; fix: give every gateway of every region the same chunk size (or leave it unset "
           "everywhere), since every gateway cuts the tensor itself");
     }

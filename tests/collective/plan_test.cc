@@ -303,5 +303,19 @@ TEST(BalancedShardWeights, Deterministic) {
   }
 }
 
+// Without a configured size, large lossy ops cut small chunks (a shorter store-and-forward tail)
+// and everything else 2^18 (NCCL's small concurrent ops, zstd's ratio); the rule depends on
+// nothing but the op, so every region's gateways cut alike.
+TEST(ChunkElementsFor, SmallChunksOnlyForLargeLossyOps) {
+  EXPECT_EQ(ChunkElementsFor(kLargeOpElements, true), kLargeOpChunkElements);
+  EXPECT_EQ(ChunkElementsFor(size_t{1} << 26, true), kLargeOpChunkElements);
+  EXPECT_EQ(ChunkElementsFor(kLargeOpElements - 1, true), kDefaultChunkElements);
+  EXPECT_EQ(ChunkElementsFor(size_t{1} << 20, true), kDefaultChunkElements);  // a CollNet op
+  EXPECT_EQ(ChunkElementsFor(size_t{1} << 26, false), kDefaultChunkElements);
+  EXPECT_EQ(ChunkElementsFor(0, true), kDefaultChunkElements);
+  // A large op still pipelines: many chunks per shard of three regions.
+  EXPECT_GE(kLargeOpElements / 3 / kLargeOpChunkElements, 16u);
+}
+
 }  // namespace
 }  // namespace strait::collective

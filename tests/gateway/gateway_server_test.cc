@@ -326,6 +326,7 @@ TEST_F(GatewayPair, ErrorsBetweenRequestsLeaveTheConnectionWorking) {
 // of another default) would pair chunks that do not line up: every step fails instead, on both
 // sides, with an error naming the chunk sizes and what to change, long before the deadline.
 TEST_F(GatewayPair, GatewaysThatCutChunksDifferentlyFailEveryStepSayingSo) {
+  config_.chunk_elements = collective::kDefaultChunkElements;
   eu_chunk_elements_ = config_.chunk_elements / 2;
   StartBoth();
   for (size_t count : {size_t{1} << 20, size_t{1000}}) {
