@@ -2,6 +2,7 @@
 // under them) and the --json object. See allreduce_internal.h.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "bench/allreduce_internal.h"
@@ -325,6 +326,21 @@ std::string FormatTable(const Report& rep) {
       o << line;
     }
   }
+  // One table per row of the report under a "# <row>:" heading; `table` gives its rows after
+  // the header, none to leave the row out.
+  using Rows = std::vector<std::vector<std::string>>;
+  auto per_row = [&](const std::vector<std::string>& header,
+                     const std::function<Rows(const RunResult&)>& table) {
+    for (const uint64_t size : rep.sizes) {
+      for (const RunResult* r : RowsOf(rep, size)) {
+        Rows rows = table(*r);
+        if (rows.empty()) continue;
+        rows.insert(rows.begin(), header);
+        o << "# " << r->label << (sweep ? " @ " + SizeText(size) : "") << ":\n";
+        o << AlignColumns(rows, 2);
+      }
+    }
+  };
   if (f.phases) {
     o << "# phases per op and gateway (ms, straitd's stats counters over the measured "
          "iterations): encode; wait = waiting for frames (the slowest region's, and those still "
@@ -333,48 +349,40 @@ std::string FormatTable(const Report& rep) {
          "so it is floored at 0); reduce = frames decoded into the sum; decode = results "
          "decoded; hand-over = the request minus the all-reduce (admission, local socket, "
          "copies)\n";
-    for (const uint64_t size : rep.sizes) {
-      for (const RunResult* r : RowsOf(rep, size)) {
-        if (r->gateways.empty()) continue;
-        o << "# " << r->label << (sweep ? " @ " + SizeText(size) : "") << ":\n";
-        std::vector<std::vector<std::string>> rows = {{"#", "gateway", "encode", "wait", "wire",
-                                                       "reduce", "decode", "hand-over",
-                                                       "all-reduce", "request"}};
-        for (const GatewayTimes& g : r->gateways) {
-          const Phases p = PhasesOf(g);
-          rows.push_back({"#", "r" + std::to_string(g.region) + "." + std::to_string(g.index),
-                          Fixed(p.encode, 1), Fixed(p.wait, 1), Fixed(p.wire, 1),
-                          Fixed(p.reduce, 1), Fixed(p.decode, 1), Fixed(p.handover, 1),
-                          Fixed(p.allreduce, 1), Fixed(p.handle, 1)});
-        }
-        o << AlignColumns(rows, 2);
-      }
-    }
+    per_row({"#", "gateway", "encode", "wait", "wire", "reduce", "decode", "hand-over",
+             "all-reduce", "request"},
+            [](const RunResult& r) {
+              Rows rows;
+              for (const GatewayTimes& g : r.gateways) {
+                const Phases p = PhasesOf(g);
+                rows.push_back({"#", "r" + std::to_string(g.region) + "." + std::to_string(g.index),
+                                Fixed(p.encode, 1), Fixed(p.wait, 1), Fixed(p.wire, 1),
+                                Fixed(p.reduce, 1), Fixed(p.decode, 1), Fixed(p.handover, 1),
+                                Fixed(p.allreduce, 1), Fixed(p.handle, 1)});
+              }
+              return rows;
+            });
   }
   if (f.phases && rep.setup.emulated) {
     o << "# links per directed pair over the measured iterations: busy = delivered / (rate x "
          "window); drops by cause (tail drop when the queue is full, the model's loss, the "
          "per-flow policer); peak backlog = the most bytes seen waiting, beside the queue's "
          "limit\n";
-    for (const uint64_t size : rep.sizes) {
-      for (const RunResult* r : RowsOf(rep, size)) {
-        if (r->pairs.empty()) continue;
-        o << "# " << r->label << (sweep ? " @ " + SizeText(size) : "") << ":\n";
-        std::vector<std::vector<std::string>> rows = {
-            {"#", "pair", "busy", "MB", "queue full", "lost", "policed", "peak backlog KB",
-             "queue KB"}};
-        for (const RunResult::PairUse& p : r->pairs) {
-          rows.push_back({"#", std::to_string(p.src) + ">" + std::to_string(p.dst),
-                          Fixed(p.busy * 100, 0) + "%",
-                          Fixed(static_cast<double>(p.delivered_bytes) / 1e6, 1),
-                          std::to_string(p.queue_full), std::to_string(p.lost),
-                          std::to_string(p.policed),
-                          Fixed(static_cast<double>(p.peak_backlog_bytes) / 1e3, 0),
-                          Fixed(static_cast<double>(p.queue_limit_bytes) / 1e3, 0)});
-        }
-        o << AlignColumns(rows, 2);
-      }
-    }
+    per_row({"#", "pair", "busy", "MB", "queue full", "lost", "policed", "peak backlog KB",
+             "queue KB"},
+            [](const RunResult& r) {
+              Rows rows;
+              for (const RunResult::PairUse& p : r.pairs) {
+                rows.push_back({"#", std::to_string(p.src) + ">" + std::to_string(p.dst),
+                                Fixed(p.busy * 100, 0) + "%",
+                                Fixed(static_cast<double>(p.delivered_bytes) / 1e6, 1),
+                                std::to_string(p.queue_full), std::to_string(p.lost),
+                                std::to_string(p.policed),
+                                Fixed(static_cast<double>(p.peak_backlog_bytes) / 1e3, 0),
+                                Fixed(static_cast<double>(p.queue_limit_bytes) / 1e3, 0)});
+              }
+              return rows;
+            });
   }
   // Straggler detection (straitd's slow_peers): printed whenever a gateway names a peer, which
   // on equal emulated links means something other than the links held the run back.
