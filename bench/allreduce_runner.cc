@@ -60,20 +60,19 @@ class LinkSampler {
       for (int j = 0; j < t.regions; ++j) {
         if (i == j) continue;
         const size_t k = static_cast<size_t>(i * t.regions + j);
-        const wanem::LinkStats& from = a.links[k];
-        const wanem::LinkStats& to = b.links[k];
+        const Delta d = DeltaOf(a.links[k], b.links[k]);
         RunResult::PairUse p;
         p.src = i;
         p.dst = j;
-        p.delivered_bytes = to.delivered_bytes - from.delivered_bytes;
-        p.queue_full = Count(to, from, wanem::Verdict::kQueueFull);
-        p.lost = Count(to, from, wanem::Verdict::kLost);
-        p.policed = Count(to, from, wanem::Verdict::kPoliced);
-        p.queue_limit_bytes = queue_limits_[k];
+        p.delivered_bytes = d.delivered_bytes;
+        p.queue_full = d.queue_full;
+        p.lost = d.lost;
+        p.policed = d.policed;
+        p.queue_limit_bytes = QueueLimit(t, i, j);
         for (size_t s = first; s <= last; ++s) {
           p.peak_backlog_bytes = std::max(p.peak_backlog_bytes, samples_[s].links[k].backlog_bytes);
         }
-        r->link_drops += p.queue_full + p.lost + p.policed;
+        r->link_drops += d.drops();
         const double bytes = static_cast<double>(p.delivered_bytes);
         p.busy = bytes * 8.0 / (RateBps(t, i, j) * secs);
         if (bytes > 0) r->pairs.push_back(p);
@@ -93,8 +92,8 @@ class LinkSampler {
   // Appends this run's samples to the CSV at `path` (its header first when the file is new or
   // empty): per directed pair that moved, what it delivered and dropped since the previous
   // sample, and its backlog. Time is relative to `begin_ns` (the measured window's start).
-  Status AppendTrace(const std::string& path, const std::string& run, int64_t begin_ns,
-                     int64_t end_ns) const {
+  Status AppendTrace(const wanem::LinkTable& t, const std::string& path, const std::string& run,
+                     int64_t begin_ns, int64_t end_ns) const {
     std::FILE* out = std::fopen(path.c_str(), "a");
     if (out == nullptr) {
       return UnavailableError("--link-trace " + path + ": " + std::strerror(errno) +
@@ -105,26 +104,24 @@ class LinkSampler {
                  "backlog_bytes,queue_limit_bytes\n",
                  out);
     }
+    const size_t n = static_cast<size_t>(t.regions);
     for (size_t s = 1; s < samples_.size(); ++s) {
       const Sample& a = samples_[s - 1];
       const Sample& b = samples_[s];
       const bool measured = b.at_ns > begin_ns && a.at_ns < end_ns;
       for (size_t k = 0; k < b.links.size(); ++k) {
-        const wanem::LinkStats& from = a.links[k];
-        const wanem::LinkStats& to = b.links[k];
-        const uint64_t moved = to.delivered_bytes - from.delivered_bytes;
-        const uint64_t drops = Count(to, from, wanem::Verdict::kQueueFull) +
-                               Count(to, from, wanem::Verdict::kLost) +
-                               Count(to, from, wanem::Verdict::kPoliced);
-        if (moved == 0 && drops == 0 && to.backlog_bytes == 0) continue;
-        std::fprintf(out, "%s,%.1f,%d,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%llu\n", run.c_str(),
-                     static_cast<double>(b.at_ns - begin_ns) / 1e6, measured ? 1 : 0,
-                     k / regions_, k % regions_, static_cast<unsigned long long>(moved),
-                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kQueueFull)),
-                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kLost)),
-                     static_cast<unsigned long long>(Count(to, from, wanem::Verdict::kPoliced)),
-                     static_cast<unsigned long long>(to.backlog_bytes),
-                     static_cast<unsigned long long>(queue_limits_[k]));
+        const Delta d = DeltaOf(a.links[k], b.links[k]);
+        const uint64_t backlog = b.links[k].backlog_bytes;
+        if (d.delivered_bytes == 0 && d.drops() == 0 && backlog == 0) continue;
+        const int src = static_cast<int>(k / n), dst = static_cast<int>(k % n);
+        std::fprintf(out, "%s,%.1f,%d,%d,%d,%llu,%llu,%llu,%llu,%llu,%llu\n", run.c_str(),
+                     static_cast<double>(b.at_ns - begin_ns) / 1e6, measured ? 1 : 0, src, dst,
+                     static_cast<unsigned long long>(d.delivered_bytes),
+                     static_cast<unsigned long long>(d.queue_full),
+                     static_cast<unsigned long long>(d.lost),
+                     static_cast<unsigned long long>(d.policed),
+                     static_cast<unsigned long long>(backlog),
+                     static_cast<unsigned long long>(QueueLimit(t, src, dst)));
       }
     }
     const bool failed = std::ferror(out) != 0;
@@ -139,9 +136,23 @@ class LinkSampler {
     int64_t at_ns = 0;
     std::vector<wanem::LinkStats> links;  // [src * regions + dst]
   };
-  static uint64_t Count(const wanem::LinkStats& to, const wanem::LinkStats& from,
-                        wanem::Verdict v) {
-    return to.packets[static_cast<int>(v)] - from.packets[static_cast<int>(v)];
+  // What a directed pair delivered and dropped between two samples.
+  struct Delta {
+    uint64_t delivered_bytes = 0, queue_full = 0, lost = 0, policed = 0;
+    uint64_t drops() const { return queue_full + lost + policed; }
+  };
+  static Delta DeltaOf(const wanem::LinkStats& from, const wanem::LinkStats& to) {
+    auto count = [&](wanem::Verdict v) {
+      return to.packets[static_cast<int>(v)] - from.packets[static_cast<int>(v)];
+    };
+    return {to.delivered_bytes - from.delivered_bytes, count(wanem::Verdict::kQueueFull),
+            count(wanem::Verdict::kLost), count(wanem::Verdict::kPoliced)};
+  }
+  // The pair's tail-drop limit as strait-wanem applies it (0 in the table: one BDP).
+  static uint64_t QueueLimit(const wanem::LinkTable& t, int src, int dst) {
+    if (src == dst) return 0;
+    const wanem::LinkParams& p = t.at(src, dst);
+    return p.queue_limit_bytes != 0 ? p.queue_limit_bytes : wanem::DefaultQueueLimit(p);
   }
   void Take() {
     const wanem::RouterStats st = emulator_->Stats();
@@ -153,17 +164,6 @@ class LinkSampler {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_limits_.empty() && st.regions > 0) {
-      regions_ = static_cast<size_t>(st.regions);
-      for (int i = 0; i < st.regions; ++i) {
-        for (int j = 0; j < st.regions; ++j) {
-          const wanem::LinkParams& p = st.params[static_cast<size_t>(i)][static_cast<size_t>(j)];
-          queue_limits_.push_back(i == j ? 0
-                                  : p.queue_limit_bytes != 0 ? p.queue_limit_bytes
-                                                             : wanem::DefaultQueueLimit(p));
-        }
-      }
-    }
     samples_.push_back(std::move(s));
   }
   // The index of the last sample at or before `ns` (the first one if none is).
@@ -178,8 +178,6 @@ class LinkSampler {
   std::thread thread_;
   mutable std::mutex mu_;
   std::vector<Sample> samples_;
-  size_t regions_ = 0;
-  std::vector<uint64_t> queue_limits_;  // [src * regions + dst], from the first sample
 };
 
 }  // namespace
@@ -358,7 +356,7 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
       // One CSV field: codec lists use commas ("int8,ef").
       std::string run = what + " " + std::to_string(f.size) + "B " + job;
       std::replace(run.begin(), run.end(), ',', '+');
-      STRAIT_RETURN_IF_ERROR(sampler.AppendTrace(f.link_trace, run, window_begin, window_end));
+      STRAIT_RETURN_IF_ERROR(sampler.AppendTrace(c.table, f.link_trace, run, window_begin, window_end));
     }
   }
   return res;
