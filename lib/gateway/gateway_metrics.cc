@@ -168,11 +168,14 @@ void Gateway::Impl::RecordPeerWaits(const collective::AllReduceStats& stats) {
   // time blocked on it is measured against its own past (see straggler.h).
   const std::vector<int64_t>& waits = world.size() >= 3 ? stats.peer_late_ns : stats.peer_wait_ns;
   if (stragglers == nullptr || waits.size() != world.size()) return;
+  std::string per_peer;
   for (size_t p = 0; p < world.size(); ++p) {
     if (static_cast<int>(p) == rank) continue;
     metrics.Add("strait_peer_wait_seconds_total", {{"peer", world[p]}},
                 static_cast<double>(waits[p]) / 1e9);
+    per_peer += " " + world[p] + "=" + FormatDuration(waits[p]);
   }
+  STRAIT_LOG(kDebug, kLog) << "op waits per peer:" << per_peer;
   for (const StragglerDetector::Verdict& v : stragglers->Record(waits)) {
     metrics.Set("strait_peer_slow", {{"peer", v.name}}, v.slow ? 1 : 0);
     const std::string what = "all-reduces waited " + FormatDuration(v.wait_ns) + " per op for region " +

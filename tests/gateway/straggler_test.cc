@@ -44,6 +44,22 @@ TEST(Straggler, OccasionalSlowOpsAndSmallDifferencesNameNobody) {
   EXPECT_EQ(d.SlowText(), "");
 }
 
+// A gateway on a loaded host: one peer's frames ~11 ms late on every op (a CI run's healthy
+// phase showed this) are the machine's scheduling, not a link worth a WARN.
+TEST(Straggler, ALoadedHostsSteadyMillisecondsNameNobody) {
+  StragglerDetector d({"r0", "r1", "r2"}, 2);
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_TRUE(d.Record(std::vector<int64_t>{11 * kMs, 0, 0}).empty()) << i;
+  }
+  EXPECT_EQ(d.SlowText(), "");
+  // The same peer behind a degraded link (the integration test's 2 Mbit/s: ~500 ms) is named.
+  size_t named_at = 0;
+  for (size_t i = 1; i <= 8 && named_at == 0; ++i) {
+    if (!d.Record(std::vector<int64_t>{500 * kMs, 0, 0}).empty()) named_at = i;
+  }
+  EXPECT_EQ(named_at, 6u);
+}
+
 TEST(Straggler, ClearsWithHysteresisOnceThePeerRecovers) {
   StragglerDetector d({"a", "b", "c"}, 2);
   for (int i = 0; i < 8; ++i) d.Record(std::vector<int64_t>{90 * kMs, 3 * kMs, 0});
