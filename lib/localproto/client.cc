@@ -14,6 +14,34 @@
 #include "localproto/frame_io.h"
 
 namespace strait::localproto {
+namespace {
+
+// An all-reduce request's fields.
+Message AllReduceMessage(MessageType type, const std::string& job, const std::string& tensor_key,
+                         DataType dtype, ReduceOp op, size_t count, Deadline deadline) {
+  Message m;
+  m.type = type;
+  m.job = job;
+  m.tensor_key = tensor_key;
+  m.dtype = dtype;
+  m.op = op;
+  m.count = count;
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  return m;
+}
+
+// When to stop waiting for an all-reduce's reply: the gateway gives up at `deadline`; wait a
+// moment longer for its answer, which says which peer or phase was late, rather than reporting
+// a bare local timeout.
+Deadline AllReduceReplyBy(Deadline deadline) {
+  return deadline.IsInfinite()
+             ? deadline
+             : Deadline::After(deadline.RemainingNanos() +
+                               std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, Deadline deadline,
                                                   const std::string& client_name,
@@ -160,23 +188,9 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   const size_t elem = DataTypeSize(dtype);
   if (elem == 0) return InvalidArgumentError("all-reduce: invalid dtype");
   if (count > 0 && data == nullptr) return InvalidArgumentError("all-reduce: data is null");
-  Message m;
-  m.type = type;
-  m.job = job;
-  m.tensor_key = tensor_key;
-  m.dtype = dtype;
-  m.op = op;
-  m.count = count;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  Message m = AllReduceMessage(type, job, tensor_key, dtype, op, count, deadline);
+  const Deadline reply_by = AllReduceReplyBy(deadline);
   const size_t bytes = count * elem;
-  // The gateway gives up at `deadline`; wait a moment longer for its answer, which says which
-  // peer or phase was late, rather than reporting a bare local timeout.
-  const Deadline reply_by =
-      deadline.IsInfinite()
-          ? deadline
-          : Deadline::After(deadline.RemainingNanos() +
-                            std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
   ShmRegion* region = nullptr;
   if (type == MessageType::kAllReduce) {
@@ -186,20 +200,11 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   }
   STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
   if (region != nullptr) {
-    // Only the descriptor crosses the socket; the gateway reduces the region in place. The
-    // caller's buffer is written only on success, as on the socket path.
+    // The caller's buffer is written only on success, as on the socket path.
     std::memcpy(region->data(), data, bytes);
-    m.type = MessageType::kAllReduceShm;
-    m.shm_offset = 0;
-    Status sent = WriteMessage(fd_, m, reply_by);
-    if (!sent.ok()) {
-      broken_ = true;
-      return Finished(job, sent, false);
-    }
-    bool refused = false;
-    Status read = ReadAllReduceReply(m.type, nullptr, 0, reply_by, &refused);
-    if (read.ok()) std::memcpy(data, region->data(), bytes);
-    return Finished(job, std::move(read), refused);
+    Status s = SharedAllReduceLocked(job, &m, reply_by);
+    if (s.ok()) std::memcpy(data, region->data(), bytes);
+    return s;
   }
   // The tensor goes out straight from the caller's buffer and the result comes back straight
   // into it: no tensor-sized buffer is allocated (and faulted in) per call on this side.
@@ -218,6 +223,58 @@ Status Client::AllReduceAs(MessageType type, const std::string& job,
   bool refused = false;
   Status read = ReadAllReduceReply(type, data, bytes, reply_by, &refused);
   return Finished(job, std::move(read), refused);
+}
+
+Status Client::SharedAllReduceLocked(const std::string& job, Message* m, Deadline reply_by) {
+  // Only the descriptor crosses the socket; the gateway reduces the region in place.
+  m->type = MessageType::kAllReduceShm;
+  m->shm_offset = 0;
+  Status sent = WriteMessage(fd_, *m, reply_by);
+  if (!sent.ok()) {
+    broken_ = true;
+    return Finished(job, sent, false);
+  }
+  bool refused = false;
+  Status read = ReadAllReduceReply(m->type, nullptr, 0, reply_by, &refused);
+  return Finished(job, std::move(read), refused);
+}
+
+StatusOr<std::span<uint8_t>> Client::SharedBuffer(size_t bytes, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  if (bytes == 0 || bytes > kMaxShmBytes) {
+    return InvalidArgumentError("shared buffer: " + std::to_string(bytes) +
+                                " bytes; it holds 1 byte to " + std::to_string(kMaxShmBytes));
+  }
+  if (!shm_off_ && (shm_ == nullptr || shm_->size() < bytes)) {
+    STRAIT_RETURN_IF_ERROR(AttachLocked(bytes, deadline));
+  }
+  if (shm_off_ || shm_ == nullptr) {
+    return FailedPreconditionError(
+        "shared buffer: the gateway takes no shared region from this client (an older gateway, "
+        "no memfd here, or UseSharedMemory(false)); use AllReduce with your own buffer");
+  }
+  return std::span<uint8_t>(static_cast<uint8_t*>(shm_->data()), bytes);
+}
+
+Status Client::AllReduceShared(const std::string& job, const std::string& tensor_key,
+                               DataType dtype, ReduceOp op, size_t count, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t elem = DataTypeSize(dtype);
+  if (elem == 0) return InvalidArgumentError("all-reduce: invalid dtype");
+  if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  const size_t bytes = count * elem;
+  const size_t have = shm_ == nullptr ? 0 : shm_->size();
+  if (shm_off_ || bytes == 0 || have < bytes) {
+    return FailedPreconditionError("all-reduce of the shared buffer: it holds " +
+                                   std::to_string(have) + " bytes, the tensor " +
+                                   std::to_string(bytes) + "; call SharedBuffer(" +
+                                   std::to_string(bytes) + ") first and write the tensor there");
+  }
+  Message m = AllReduceMessage(MessageType::kAllReduce, job, tensor_key, dtype, op, count, deadline);
+  const Deadline reply_by = AllReduceReplyBy(deadline);
+  STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
+  return SharedAllReduceLocked(job, &m, reply_by);
 }
 
 void Client::UseSharedMemory(bool on) {

@@ -79,6 +79,18 @@ class Client {
   void UseSharedMemory(bool on);
   // The bytes of the shared region attached now (0: none; the socket carries the tensors).
   size_t shared_region_bytes();
+  // Zero-copy all-reduce: the tensor lives in the region shared with the gateway, so neither
+  // side copies it (AllReduce copies it in and the result out, which on a host shared by many
+  // ranks costs milliseconds per call). SharedBuffer returns `bytes` of the region (attaching or
+  // growing it); write the tensor there, call AllReduceShared, read the result there. The span
+  // is valid until a call that grows the region (SharedBuffer or AllReduce of more bytes) or
+  // UseSharedMemory(false). kFailedPrecondition when this gateway takes no shared region (an
+  // older one, or no memfd here): use AllReduce. AllReduceShared errors as AllReduce's, and
+  // kFailedPrecondition when the tensor does not fit the region; after an error the buffer's
+  // contents are unspecified (the gateway may have reduced part of it in place).
+  StatusOr<std::span<uint8_t>> SharedBuffer(size_t bytes, Deadline deadline);
+  Status AllReduceShared(const std::string& job, const std::string& tensor_key, DataType dtype,
+                         ReduceOp op, size_t count, Deadline deadline);
 
   // The region all-reduce (CollNet mode): like AllReduce, but the gateways of this region first
   // reduce-scatter the tensor among themselves over the LAN, each all-reduces its shard across
@@ -147,6 +159,8 @@ class Client {
   Status AttachLocked(size_t bytes, Deadline deadline);
   // The region AllReduceAs uses for `bytes` now, or null: the socket carries the tensor.
   ShmRegion* RegionFor(size_t bytes, Deadline deadline, Status* error);
+  // Sends `m` (its tensor already in the region) as kAllReduceShm and reads the reply.
+  Status SharedAllReduceLocked(const std::string& job, Message* m, Deadline reply_by);
 
   std::mutex mu_;
   int fd_ = -1;

@@ -122,6 +122,52 @@ TEST_F(GatewayPair, SharedRegionAndSocketGiveTheSameResults) {
   EXPECT_EQ(MappedRegions(), 4);  // each client's own mapping and its gateway's
 }
 
+// Zero-copy: the tensor written into the client's SharedBuffer is reduced there, paired with
+// the socket side's operation; misuse is refused in one line before any step is used (the next
+// call still works), and a client without shared memory is told to use AllReduce.
+TEST_F(GatewayPair, ASharedBufferIsReducedInPlaceAndMisuseIsRefused) {
+  StartBoth();
+  clients_[1]->UseSharedMemory(false);
+  const Deadline d = Deadline::AfterSeconds(20);
+  EXPECT_EQ(clients_[1]->SharedBuffer(4096, d).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(clients_[0]->SharedBuffer(0, d).status().code(), StatusCode::kInvalidArgument);
+  Status early = clients_[0]->AllReduceShared("job", "early", DataType::kFloat32, ReduceOp::kSum,
+                                              16, d);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition) << early;
+  EXPECT_NE(early.message().find("call SharedBuffer(64) first"), std::string::npos) << early;
+
+  constexpr size_t kCount = 100'000;
+  auto buffer = clients_[0]->SharedBuffer(kCount * sizeof(float), d);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  Status too_big = clients_[0]->AllReduceShared("job", "big", DataType::kFloat32, ReduceOp::kSum,
+                                                (clients_[0]->shared_region_bytes() / 4) + 1, d);
+  EXPECT_EQ(too_big.code(), StatusCode::kFailedPrecondition) << too_big;
+  for (int step = 0; step < 3; ++step) {
+    float* mine = reinterpret_cast<float*>(buffer->data());
+    std::vector<float> theirs(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      mine[i] = static_cast<float>(step + i % 7);
+      theirs[i] = static_cast<float>(2 * step + i % 3);
+    }
+    Status other;
+    std::thread t([&] {
+      other = clients_[1]->AllReduce("job", "z" + std::to_string(step), DataType::kFloat32,
+                                     ReduceOp::kSum, theirs.data(), kCount, d);
+    });
+    Status s = clients_[0]->AllReduceShared("job", "z" + std::to_string(step), DataType::kFloat32,
+                                            ReduceOp::kSum, kCount, d);
+    t.join();
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(other.ok()) << other;
+    size_t wrong = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      const float want = static_cast<float>(3 * step + i % 7 + i % 3);
+      wrong += mine[i] != want || theirs[i] != want;
+    }
+    EXPECT_EQ(wrong, 0u) << "step " << step;
+  }
+}
+
 // A rank of another uid (allowed on the socket) that names a job it does not own is refused
 // (kPermissionDenied, before the step is used): its region never receives that job's data, and
 // the owner's all-reduces go on.
