@@ -47,6 +47,7 @@ StatusOr<RunResult> RunMeshRow(const Flags& f, const Setup& s, bool links_equal,
   if (role == "collnet") {
     extra = {"--collnet", f.collnet, "--collnet-chunk", std::to_string(f.collnet_chunk)};
   }
+  if (role == "mesh" && f.zero_copy) extra = {"--zero-copy"};
   StatusOr<RunResult> mesh = RunRanks(sized, c, role, codec, job, extra, progress);
   if (!mesh.ok()) return mesh;
   mesh->algorithm = role;
@@ -307,6 +308,10 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "Element type of the tensor: float32, bfloat16 or float16 (the ring baseline: "
                  "float32 only)")
       ->capture_default_str();
+  cmd.add_flag("--zero-copy", f->zero_copy,
+               "Mesh ranks keep their tensor in their straitd's shared region "
+               "(Client::SharedBuffer + AllReduceShared): nothing is copied in or out per call. "
+               "The input is rewritten there before each iteration, outside the timing");
   cmd.add_flag("--phases", f->phases,
                "Print each gateway's time per op split into encode, waiting for frames, on the "
                "wire, reduce, decode and local hand-over (straitd's stats counters)");

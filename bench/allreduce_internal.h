@@ -86,6 +86,9 @@ struct Flags {
   std::string dtype_name = "float32";    // --dtype as given
   DataType dtype = DataType::kFloat32;   // --dtype parsed (ranks are passed dtype_name)
   bool phases = false;                   // --phases: per-gateway time split under the table
+  // --zero-copy: mesh ranks keep their tensor in their straitd's shared region
+  // (Client::SharedBuffer/AllReduceShared) instead of copying it in and the result out per call.
+  bool zero_copy = false;
   // --link-trace: the emulated links' router counters through every run, one CSV row per
   // directed pair and sample (where and when packets are dropped); "" = none.
   std::string link_trace;

@@ -292,6 +292,17 @@ int RunMeshRank(const Flags& f) {
       return kExitFailure;
     }
   }
+  // --zero-copy: the tensor lives in the straitd's shared region for the whole run.
+  std::span<uint8_t> shared;
+  if (f.zero_copy) {
+    auto buffer = (*client)->SharedBuffer(input.size(), Deadline::AfterSeconds(10));
+    if (!buffer.ok()) {
+      std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": --zero-copy: "
+                << buffer.status() << '\n';
+      return kExitFailure;
+    }
+    shared = *buffer;
+  }
   Json times = Json::array(), starts = Json::array();
   std::string stats_before;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
@@ -299,7 +310,11 @@ int RunMeshRank(const Flags& f) {
       StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
       if (stats.ok()) stats_before = *stats;
     }
-    data = input;
+    if (f.zero_copy) {
+      std::memcpy(shared.data(), input.data(), input.size());
+    } else {
+      data = input;
+    }
     if (!f.barrier.empty()) {
       const Status b = IterationBarrier(f.barrier, f.rank_region * f.ranks_per_region + f.rank_index,
                                         f.regions * f.ranks_per_region, it,
@@ -310,8 +325,12 @@ int RunMeshRank(const Flags& f) {
       }
     }
     const int64_t t0 = MonotonicNanos();
-    Status s = (*client)->AllReduce(f.job, "grad", f.dtype, ReduceOp::kSum, data.data(),
-                                    end - begin, Deadline::AfterSeconds(f.timeout_s));
+    Status s = f.zero_copy ? (*client)->AllReduceShared(f.job, "grad", f.dtype, ReduceOp::kSum,
+                                                        end - begin,
+                                                        Deadline::AfterSeconds(f.timeout_s))
+                           : (*client)->AllReduce(f.job, "grad", f.dtype, ReduceOp::kSum,
+                                                  data.data(), end - begin,
+                                                  Deadline::AfterSeconds(f.timeout_s));
     const int64_t t1 = MonotonicNanos();
     if (!s.ok()) {
       std::cerr << "rank " << f.rank_region << "." << f.rank_index << ": all-reduce " << it << ": "
@@ -324,6 +343,7 @@ int RunMeshRank(const Flags& f) {
     }
     if (f.gateway.empty()) Emit("progress " + std::to_string(it + 1));
   }
+  if (f.zero_copy) std::memcpy(data.data(), shared.data(), data.size());
   StatusOr<std::string> stats = (*client)->Stats(Deadline::AfterSeconds(10));
   std::vector<float> result(end - begin);
   if (Status s = ConvertToFloat(data.data(), f.dtype, result.data(), result.size()); !s.ok()) {

@@ -193,8 +193,11 @@ std::string FormatTable(const Report& rep) {
     << (f.straitds.empty() ? "one straitd per rank"
                            : "--straitds-per-region " + f.straitds +
                                  ": a straitd serves ranks-per-region/N shards on shared links")
-    << "); the shard-i gateways form the mesh. No NCCL here: the intra-region "
-       "reduce-scatter/all-gather are not run.\n";
+    << "); the shard-i gateways form the mesh. "
+    << (f.zero_copy ? "Each rank's slice lives in its straitd's shared region (--zero-copy)"
+                    : "Each rank copies its slice into its straitd's shared region and the "
+                      "result out per call (--zero-copy: neither)")
+    << ". No NCCL here: the intra-region reduce-scatter/all-gather are not run.\n";
   o << "# busbw = algbw x 2(n-1)/n with n = regions (mesh) or all ranks (ring); floor: the "
        "per-pair floor of the row's split (below); busy: emulated links' mean use\n";
   std::snprintf(line, sizeof(line),
