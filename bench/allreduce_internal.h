@@ -234,6 +234,9 @@ struct GatewayTimes {
   int region = 0;
   int index = 0;  // shard index, = the rank's index in its region
   std::vector<std::pair<std::string, double>> ms;
+  // The rank's own all-reduce call per measured iteration (mean, ms): the gateway's request
+  // plus what the rank does around it (copies in and out of the shared region, the socket).
+  double rank_call_ms = 0;
   // straitd's straggler detection after the run (its stats' slow_peers line): the peer regions
   // it names persistently slow, e.g. "r1 (waited 120 ms per op against 4 ms)"; empty if none.
   std::string slow_peers;

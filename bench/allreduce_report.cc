@@ -351,9 +351,10 @@ std::string FormatTable(const Report& rep) {
          "with them, and the commit round; codec and wait counters add the op's two threads, "
          "so it is floored at 0); reduce = frames decoded into the sum; decode = results "
          "decoded; hand-over = the request minus the all-reduce (admission, local socket, "
-         "copies)\n";
+         "copies); rank call = the rank's AllReduce call (the request, and the rank's copies "
+         "into and out of the shared region unless --zero-copy)\n";
     per_row({"#", "gateway", "encode", "wait", "wire", "reduce", "decode", "hand-over",
-             "all-reduce", "request"},
+             "all-reduce", "request", "rank call"},
             [](const RunResult& r) {
               Rows rows;
               for (const GatewayTimes& g : r.gateways) {
@@ -361,7 +362,8 @@ std::string FormatTable(const Report& rep) {
                 rows.push_back({"#", "r" + std::to_string(g.region) + "." + std::to_string(g.index),
                                 Fixed(p.encode, 1), Fixed(p.wait, 1), Fixed(p.wire, 1),
                                 Fixed(p.reduce, 1), Fixed(p.decode, 1), Fixed(p.handover, 1),
-                                Fixed(p.allreduce, 1), Fixed(p.handle, 1)});
+                                Fixed(p.allreduce, 1), Fixed(p.handle, 1),
+                                Fixed(g.rank_call_ms, 1)});
               }
               return rows;
             });
@@ -516,6 +518,7 @@ Json RunJson(const Report& rep, const RunResult& r) {
     y["handover_ms"] = p.handover;
     y["allreduce_ms"] = p.allreduce;
     y["request_ms"] = p.handle;
+    y["rank_call_ms"] = t.rank_call_ms;
     y["slow_peers"] = t.slow_peers;
     phases.push_back(y);
   }

@@ -328,6 +328,11 @@ StatusOr<RunResult> RunRanks(const Flags& f, Cluster& c, const std::string& role
         g.ms.emplace_back(name, j["gateway_ns"].value(key, 0.0) / 1e6);
       }
       g.slow_peers = j.value("slow_peers", std::string());
+      if (!j["times_ns"].empty()) {
+        double total = 0;
+        for (const auto& t : j["times_ns"]) total += t.get<double>();
+        g.rank_call_ms = total / static_cast<double>(j["times_ns"].size()) / 1e6;
+      }
       res.gateways.push_back(std::move(g));
       for (const char* key : kTimeKeys) {
         std::string name(key);
