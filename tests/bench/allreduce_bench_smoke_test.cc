@@ -109,6 +109,27 @@ TEST(AllReduceBench, LoopbackZstdMeshIsExactToFp32Rounding) {
   EXPECT_TRUE(j["baseline_over_mesh"].is_null());
 }
 
+// --zero-copy: the ranks all-reduce the slice kept in their straitd's shared region, checked
+// against the reference like the copying path, in fp32 and bf16, over several iterations (the
+// input is rewritten before each); every gateway's row carries the rank's own call time.
+TEST(AllReduceBench, ZeroCopyRanksAreCheckedLikeCopyingOnes) {
+  for (const char* dtype : {"float32", "bfloat16"}) {
+    std::vector<std::string> args = Common("zstd", "2MiB", "3");
+    args.insert(args.end(), {"--zero-copy", "--dtype", dtype});
+    const auto r = RunBench(args);
+    ASSERT_EQ(r.code, 0) << dtype << ": " << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    ASSERT_EQ(j["runs"].size(), 1u);
+    const nlohmann::json& run = j["runs"][0];
+    EXPECT_EQ(run["wrong"], 0) << dtype;
+    ASSERT_EQ(run["gateway_phases_ms"].size(), 6u) << run;
+    for (const auto& g : run["gateway_phases_ms"]) {
+      EXPECT_GE(g["rank_call_ms"].get<double>(), g["request_ms"].get<double>()) << g;
+    }
+  }
+}
+
 // Unequal links (given with --pair even though loopback does not emulate them) make the
 // weighted rows run with shard weights from each region's slowest link: region 0 (200 and 100
 // Mbit/s) gets twice the share of regions 1 and 2 (50 Mbit/s each). An owner sends its share
