@@ -52,8 +52,10 @@ def run(policy, out, ranks_per_region):
     # DDP caps only its first bucket at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB, which would
     # hold these whole models; torch's DDP says users may set it): tiny here too.
     first, dist._DEFAULT_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES, 64
-    ddps = [DDP(m, bucket_cap_mb=0.0001 if exact else 0.01) for m in models]
-    dist._DEFAULT_FIRST_BUCKET_BYTES = first
+    try:
+        ddps = [DDP(m, bucket_cap_mb=0.0001 if exact else 0.01) for m in models]
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first
     calls = [0]
 
     def counting_hook(state, bucket):
