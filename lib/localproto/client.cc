@@ -16,6 +16,13 @@
 namespace strait::localproto {
 namespace {
 
+// A request's timeout_ms: what is left of `deadline` (0: none), at least 1 ms.
+uint32_t TimeoutMs(Deadline deadline) {
+  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
+  return deadline.IsInfinite() ? 0
+                               : static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX));
+}
+
 // An all-reduce request's fields.
 Message AllReduceMessage(MessageType type, const std::string& job, const std::string& tensor_key,
                          DataType dtype, ReduceOp op, size_t count, Deadline deadline) {
@@ -26,8 +33,7 @@ Message AllReduceMessage(MessageType type, const std::string& job, const std::st
   m.dtype = dtype;
   m.op = op;
   m.count = count;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  m.timeout_ms = TimeoutMs(deadline);
   return m;
 }
 
@@ -89,8 +95,7 @@ StatusOr<uint64_t> Client::JoinLocked(const std::string& job, Deadline deadline,
   m.type = MessageType::kJoinJob;
   m.job = job;
   m.resume = resume;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  m.timeout_ms = TimeoutMs(deadline);
   // As for all-reduces: the gateway answers at the deadline with who is missing.
   const Deadline reply_by =
       deadline.IsInfinite() ? deadline
@@ -145,8 +150,7 @@ StatusOr<std::vector<uint8_t>> Client::FetchResult(const std::string& job, uint6
   m.job = job;
   m.generation = generation;
   m.sequence = sequence;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
+  m.timeout_ms = TimeoutMs(deadline);
   const Deadline reply_by =
       deadline.IsInfinite() ? deadline
                             : Deadline::After(deadline.RemainingNanos() + 500'000'000);
@@ -375,14 +379,8 @@ Status Client::AllReduceFrame(const std::string& job, const std::string& tensor_
   m.job = job;
   m.tensor_key = tensor_key;
   m.op = op;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite() ? 0 : static_cast<uint32_t>(std::max<int64_t>(1, left_ms));
-  // As AllReduceAs: wait a moment past the gateway's deadline for its explanation.
-  const Deadline reply_by =
-      deadline.IsInfinite()
-          ? deadline
-          : Deadline::After(deadline.RemainingNanos() +
-                            std::max<int64_t>(500'000'000, deadline.RemainingNanos() / 10));
+  m.timeout_ms = TimeoutMs(deadline);
+  const Deadline reply_by = AllReduceReplyBy(deadline);
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
   STRAIT_RETURN_IF_ERROR(NextIdentity(job, deadline, &m));
   auto encoded = EncodeMessageHead(m, frame_in.size());
@@ -449,10 +447,7 @@ StatusOr<std::unique_ptr<TunnelConnection>> TunnelConnection::Connect(
   m.tunnel_region = region;
   m.tunnel_shard = shard;
   m.listen_id = listen_id;
-  const int64_t left_ms = deadline.RemainingNanos() / 1'000'000;
-  m.timeout_ms = deadline.IsInfinite()
-                     ? 0
-                     : static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX));
+  m.timeout_ms = TimeoutMs(deadline);
   Status s = WriteMessage(fd, m, deadline);
   StatusOr<Message> reply =
       s.ok() ? ReadReply(fd, MessageType::kTunnelConnect, WithMargin(deadline))
