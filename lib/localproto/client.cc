@@ -267,9 +267,14 @@ Status Client::AllReduceShared(const std::string& job, const std::string& tensor
   const size_t elem = DataTypeSize(dtype);
   if (elem == 0) return InvalidArgumentError("all-reduce: invalid dtype");
   if (broken_) return UnavailableError("connection to the gateway failed earlier; reconnect");
+  if (count > kMaxShmBytes / elem) {
+    return InvalidArgumentError("all-reduce of the shared buffer: " + std::to_string(count) +
+                                " elements are more than a shared buffer holds (" +
+                                std::to_string(kMaxShmBytes) + " bytes)");
+  }
   const size_t bytes = count * elem;
-  const size_t have = shm_ == nullptr ? 0 : shm_->size();
-  if (shm_off_ || bytes == 0 || have < bytes) {
+  const size_t have = shm_ == nullptr || shm_off_ ? 0 : shm_->size();
+  if (bytes == 0 || bytes > have) {
     return FailedPreconditionError("all-reduce of the shared buffer: it holds " +
                                    std::to_string(have) + " bytes, the tensor " +
                                    std::to_string(bytes) + "; call SharedBuffer(" +

@@ -142,6 +142,10 @@ TEST_F(GatewayPair, ASharedBufferIsReducedInPlaceAndMisuseIsRefused) {
   Status too_big = clients_[0]->AllReduceShared("job", "big", DataType::kFloat32, ReduceOp::kSum,
                                                 (clients_[0]->shared_region_bytes() / 4) + 1, d);
   EXPECT_EQ(too_big.code(), StatusCode::kFailedPrecondition) << too_big;
+  // A count whose byte size overflows is refused, not wrapped into a small one.
+  EXPECT_EQ(clients_[0]->AllReduceShared("job", "wrap", DataType::kFloat32, ReduceOp::kSum,
+                                         (SIZE_MAX / 4) + 2, d).code(),
+            StatusCode::kInvalidArgument);
   for (int step = 0; step < 3; ++step) {
     float* mine = reinterpret_cast<float*>(buffer->data());
     std::vector<float> theirs(kCount);
