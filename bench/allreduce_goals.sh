@@ -29,9 +29,11 @@
 # The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
 # peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
 # CHUNK sets straitd's allreduce.chunk_elements (0: its rule by op: 2^16 for lossy ops of 2^22
-# elements or more, else 2^18). CC sets the gateways'
+# elements or more, else 2^18). ZERO_COPY=1 runs the mesh ranks with --zero-copy (their
+# tensor kept in straitd's shared region: no copy in or out per call). CC sets the gateways'
 # link.congestion_control (bbr, cubic, reno; empty: the system's). SIZE (64MiB), ITERS (3),
-# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK and CC override;
+# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK, ZERO_COPY and
+# CC override;
 # a small SIZE checks the script, not the goals (the small case is 4 KiB whatever SIZE says).
 # The link bound is DESIGN's 2L + 2S(n-1)/(n r B); on strait-wanem every directed pair has its
 # own rate, so the per-pair floor is the tighter one (the note under the table gives each mesh
@@ -49,6 +51,7 @@ STREAMS=${STREAMS:-1}   # straitd's link.streams default; links adapt from it
 PACE=${PACE:-true}
 CHUNK=${CHUNK:-0}
 CC=${CC:-}
+ZERO_COPY=${ZERO_COPY:-0}
 
 die() { echo "allreduce_goals: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem creates network namespaces)"
@@ -67,6 +70,7 @@ trap 'rm -rf "$TMP"' EXIT
 COMMON=(allreduce --regions 3 --ranks-per-region 2 --warmup "$WARMUP" --streams "$STREAMS"
         --pace "$PACE" --chunk-elements "$CHUNK" --transport tls --straitd "$STRAITD" --json)
 [[ -z $CC ]] || COMMON+=(--cc "$CC")
+[[ $ZERO_COPY == 0 ]] || COMMON+=(--zero-copy)
 # Every case but small runs the configured size; every one but hetero runs on equal links.
 SIZED=(--size "$SIZE" --iters "$ITERS")
 EQUAL=(--link 100mbit,20ms)
@@ -218,8 +222,10 @@ head = ["issue", "config", "measured ms", "baseline ms", "ratio", "bound ms", "m
 table = [head] + rows
 width = [max(len(r[i]) for r in table) for i in range(len(head))]
 cc = load(cases[0]).get("congestion_control") or "the system's"
+ranks = ("zero-copy ranks (--zero-copy)" if load(cases[0]).get("zero_copy")
+         else "ranks copying into straitd's shared region")
 print(f"# strait-bench allreduce goals (issues #4 and #16): 3 regions x 2 ranks, {size} "
-      f"(small: 4 KiB), TLS gateways, congestion control {cc}")
+      f"(small: 4 KiB), TLS gateways, congestion control {cc}, {ranks}")
 for r in table:
     print("  ".join(c.ljust(width[i]) if i in (0, 1, 7) else c.rjust(width[i])
                     for i, c in enumerate(r)).rstrip())

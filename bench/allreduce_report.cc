@@ -572,6 +572,7 @@ std::string FormatJson(const Report& rep) {
   j["streams"] = f.streams;
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
+  j["zero_copy"] = f.zero_copy;
   j["paced"] = rep.setup.emulated && f.pace;
   // null: straitd's rule by op (collective::ChunkElementsFor).
   j["chunk_elements"] = f.chunk_elements != 0 ? Json(f.chunk_elements) : Json(nullptr);

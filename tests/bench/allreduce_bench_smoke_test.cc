@@ -121,6 +121,7 @@ TEST(AllReduceBench, ZeroCopyRanksAreCheckedLikeCopyingOnes) {
     const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
     ASSERT_EQ(j["runs"].size(), 1u);
+    EXPECT_EQ(j["zero_copy"], true);
     const nlohmann::json& run = j["runs"][0];
     EXPECT_EQ(run["wrong"], 0) << dtype;
     ASSERT_EQ(run["gateway_phases_ms"].size(), 6u) << run;
