@@ -157,9 +157,9 @@ int RunRingRank(const Flags& f);     // allreduce_ring.cc
 int RunCollNetRank(const Flags& f);  // allreduce_collnet.cc
 
 // straitd's time counters (see gateway_impl.h) that the report splits an iteration into.
-inline constexpr const char* kTimeKeys[] = {"handle_ns", "allreduce_ns", "encode_ns",
-                                            "reduce_ns", "decode_ns",    "wait_ns",
-                                            "ack_wait_ns"};
+inline constexpr const char* kTimeKeys[] = {"handle_ns",   "allreduce_ns",      "encode_ns",
+                                            "reduce_ns",   "decode_ns",         "wait_ns",
+                                            "ack_wait_ns", "region_scatter_ns", "region_gather_ns"};
 
 // --- Processes, gateways and links (allreduce_cluster.cc) ---------------------------------------
 

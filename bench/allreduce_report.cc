@@ -77,6 +77,7 @@ double RttSeconds(const wanem::LinkTable& t) {
 // at 0.
 struct Phases {
   double encode, wait, wire, reduce, decode, handover, allreduce, handle;
+  double region_scatter, region_gather;  // CollNet's region phases (0 in library mode)
 };
 Phases PhasesOf(const GatewayTimes& g) {
   Phases p{};
@@ -85,8 +86,11 @@ Phases PhasesOf(const GatewayTimes& g) {
   p.reduce = g.Get("reduce");
   p.decode = g.Get("decode");
   p.allreduce = g.Get("allreduce");
+  p.region_scatter = g.Get("region_scatter");
+  p.region_gather = g.Get("region_gather");
   p.handle = g.Get("handle");
-  p.wire = std::max(0.0, p.allreduce - p.encode - p.wait - p.reduce - p.decode - g.Get("ack_wait"));
+  p.wire = std::max(0.0, p.allreduce - p.encode - p.wait - p.reduce - p.decode - g.Get("ack_wait") -
+                             p.region_scatter - p.region_gather);
   p.handover = std::max(0.0, p.handle - p.allreduce);
   return p;
 }
@@ -352,9 +356,11 @@ std::string FormatTable(const Report& rep) {
          "so it is floored at 0); reduce = frames decoded into the sum; decode = results "
          "decoded; hand-over = the request minus the all-reduce (admission, local socket, "
          "copies); rank call = the rank's AllReduce call (the request, and the rank's copies "
-         "into and out of the shared region unless --zero-copy)\n";
+         "into and out of the shared region unless --zero-copy); region rs / region ag = "
+         "CollNet's reduce-scatter and all-gather among the region's gateways, around the "
+         "all-reduce (0 in library mode)\n";
     per_row({"#", "gateway", "encode", "wait", "wire", "reduce", "decode", "hand-over",
-             "all-reduce", "request", "rank call"},
+             "all-reduce", "request", "rank call", "region rs", "region ag"},
             [](const RunResult& r) {
               Rows rows;
               for (const GatewayTimes& g : r.gateways) {
@@ -363,7 +369,8 @@ std::string FormatTable(const Report& rep) {
                                 Fixed(p.encode, 1), Fixed(p.wait, 1), Fixed(p.wire, 1),
                                 Fixed(p.reduce, 1), Fixed(p.decode, 1), Fixed(p.handover, 1),
                                 Fixed(p.allreduce, 1), Fixed(p.handle, 1),
-                                Fixed(g.rank_call_ms, 1)});
+                                Fixed(g.rank_call_ms, 1), Fixed(p.region_scatter, 1),
+                                Fixed(p.region_gather, 1)});
               }
               return rows;
             });
@@ -519,6 +526,8 @@ Json RunJson(const Report& rep, const RunResult& r) {
     y["allreduce_ms"] = p.allreduce;
     y["request_ms"] = p.handle;
     y["rank_call_ms"] = t.rank_call_ms;
+    y["region_scatter_ms"] = p.region_scatter;
+    y["region_gather_ms"] = p.region_gather;
     y["slow_peers"] = t.slow_peers;
     phases.push_back(y);
   }

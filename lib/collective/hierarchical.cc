@@ -377,7 +377,9 @@ Status HierarchicalAllReduce(const RegionSide& region_side, Transport& cross,
   // unless the failure is an abort that came over that transport (echoing it would only repeat
   // the cause under this gateway's name).
   bool cross_told = false;
+  Stopwatch phase;
   Status status = RegionReduceScatter(c).WithContext("intra-region reduce-scatter");
+  if (stats != nullptr) stats->region_scatter_ns = phase.ElapsedNanos();
   if (status.ok()) {
     AllReduceRequest sub = request;
     sub.tensor_key = RegionShardKey(request.tensor_key, me, m);
@@ -404,11 +406,13 @@ Status HierarchicalAllReduce(const RegionSide& region_side, Transport& cross,
     }
     status = status.WithContext("cross-region phase of shard " + std::to_string(me));
     if (sub.result_frame == &frame) c.shard_frame = &frame;
+    phase.Restart();
     if (status.ok()) status = RegionAllGather(c).WithContext("intra-region all-gather");
   }
   // On success the sends must have arrived too; after a failure nothing waits for them (the
   // tracker's state is shared with the completions, and the transport owns the bytes).
   if (status.ok()) status = sends.Wait(request.deadline);
+  if (stats != nullptr && status.ok()) stats->region_gather_ns = phase.ElapsedNanos();
   if (!status.ok()) {
     const Status why = status.WithContext(what);
     if (!c.peer_aborted) region.Abort(c.op_id, why, region_side.abort_note);

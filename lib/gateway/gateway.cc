@@ -100,7 +100,8 @@ Message Gateway::Impl::Handle(Message& request) {
       os << tunnels->StatsText();
       os << "region_allreduce_ok " << region_state.allreduce_ok << "\nregion_bytes_sent "
          << region_state.bytes_sent << "\nregion_bytes_received " << region_state.bytes_received
-         << "\n";
+         << "\nregion_scatter_ns " << region_state.scatter_ns << "\nregion_gather_ns "
+         << region_state.gather_ns << "\n";
       const std::string s = os.str();
       m.data.assign(s.begin(), s.end());
       return m;

@@ -130,6 +130,7 @@ struct RegionState {
   std::unique_ptr<collective::NetTransport> transport;
   std::vector<collective::NetTransport::Receiver> receivers;  // by shard index
   std::atomic<uint64_t> allreduce_ok{0}, bytes_sent{0}, bytes_received{0};
+  std::atomic<uint64_t> scatter_ns{0}, gather_ns{0};  // HierarchicalStats' phases 1 and 3, summed
 };
 
 // The jobs registered here and their owners (see "Jobs and isolation" in gateway.h). Under

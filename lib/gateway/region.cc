@@ -86,6 +86,8 @@ Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req, uint
   *stats = hs.cross;
   region_state.bytes_sent += hs.region_bytes_sent;
   region_state.bytes_received += hs.region_bytes_received;
+  region_state.scatter_ns += static_cast<uint64_t>(hs.region_scatter_ns);
+  region_state.gather_ns += static_cast<uint64_t>(hs.region_gather_ns);
   if (!s.ok()) {
     return s.WithContext("gateway " + std::to_string(config.shard_index) + " of " +
                          std::to_string(m) + " in " + config.region);

@@ -385,6 +385,14 @@ TEST(AllReduceBench, CollNetRowDrivesThePluginAndIsCheckedLikeLibraryMode) {
     // int8 is a quarter of float32's bytes and half of bfloat16's (block scales aside).
     EXPECT_GT(collnet["codec_ratio"].get<double>(), dtype == "float32" ? 3.0 : 1.5) << collnet;
     EXPECT_GT(collnet["gateway_ms_per_iter"]["allreduce"].get<double>(), 0.0) << collnet;
+    // The region's own phases are timed on every gateway of the CollNet row, and only there.
+    for (const auto& g : collnet["gateway_phases_ms"]) {
+      EXPECT_GT(g["region_scatter_ms"].get<double>(), 0.0) << g;
+      EXPECT_GT(g["region_gather_ms"].get<double>(), 0.0) << g;
+    }
+    for (const auto& g : j["runs"][0]["gateway_phases_ms"]) {
+      EXPECT_EQ(g["region_scatter_ms"].get<double>(), 0.0) << g;
+    }
     ASSERT_TRUE(j["collnet_over_mesh"].is_object()) << j;
     EXPECT_GT(j["collnet_over_mesh"]["int8"].get<double>(), 0.0) << j;
   }

@@ -723,6 +723,9 @@ TEST(Hierarchical, LossyResultsCrossTheRegionAsTheFramesPhaseTwoDecoded) {
         const size_t frame = kFrameHeaderSize + (shard.count + 255) / 256 * 4 + codes;
         const uint64_t scatter = other * elem + 16 * plan->ChunkCount(1 - g);
         EXPECT_EQ(stats[size_t(g)].region_bytes_sent, scatter + 16 + frame) << what << " " << g;
+        // Both region phases ran and were timed (the gateway's region_*_ns counters).
+        EXPECT_GT(stats[size_t(g)].region_scatter_ns, 0) << what << " " << g;
+        EXPECT_GT(stats[size_t(g)].region_gather_ns, 0) << what << " " << g;
         EXPECT_LT(16 + frame, shard.count * elem) << what;  // half of fp16's, a quarter of fp32's
       }
     }
