@@ -168,12 +168,13 @@ void Gateway::Impl::RecordPeerWaits(const collective::AllReduceStats& stats) {
   // time blocked on it is measured against its own past (see straggler.h).
   const std::vector<int64_t>& waits = world.size() >= 3 ? stats.peer_late_ns : stats.peer_wait_ns;
   if (stragglers == nullptr || waits.size() != world.size()) return;
+  const bool log_waits = LogEnabled(LogLevel::kDebug);  // the line is built only when logged
   std::string per_peer;
   for (size_t p = 0; p < world.size(); ++p) {
     if (static_cast<int>(p) == rank) continue;
     metrics.Add("strait_peer_wait_seconds_total", {{"peer", world[p]}},
                 static_cast<double>(waits[p]) / 1e9);
-    per_peer += " " + world[p] + "=" + FormatDuration(waits[p]);
+    if (log_waits) per_peer += " " + world[p] + "=" + FormatDuration(waits[p]);
   }
   STRAIT_LOG(kDebug, kLog) << "op waits per peer:" << per_peer;
   for (const StragglerDetector::Verdict& v : stragglers->Record(waits)) {
