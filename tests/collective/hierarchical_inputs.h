@@ -14,7 +14,7 @@
 #include "strait/codec.h"
 #include "strait/reduce.h"
 
-namespace strait::collective::hierarchical_inputs {
+namespace strait::collective {
 
 using Buffers = std::vector<std::vector<uint8_t>>;  // [region * m + gateway]
 
@@ -52,6 +52,6 @@ inline Buffers Inputs(int n, int m, size_t count, DataType dtype) {
   return in;
 }
 
-}  // namespace strait::collective::hierarchical_inputs
+}  // namespace strait::collective
 
 #endif  // STRAIT_TESTS_COLLECTIVE_HIERARCHICAL_INPUTS_H_

@@ -27,13 +27,7 @@
 namespace strait::collective {
 namespace {
 
-using hierarchical_inputs::Buffers;
-using hierarchical_inputs::Inputs;
-using hierarchical_inputs::ToBytes;
-using hierarchical_inputs::ToFloats;
-
 constexpr size_t kChunk = 700;  // several chunks per shard for the larger counts
-
 
 // n regions x m gateways: region_worlds[r] has m ranks, cross_worlds[g] has n ranks.
 struct Cluster {

@@ -24,11 +24,6 @@
 namespace strait::collective {
 namespace {
 
-using hierarchical_inputs::Buffers;
-using hierarchical_inputs::Inputs;
-using hierarchical_inputs::ToBytes;
-using hierarchical_inputs::ToFloats;
-
 // ---- The region phases on their own (m members over one in-process world) ----
 
 // The documented phase-1 reduction of `in` (one buffer per member) over members 0..m-1 in order:
