@@ -12,6 +12,8 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -102,7 +104,14 @@ void EndpointCore::StartAccepting(std::unique_ptr<tcp::acceptor> acceptor) {
   // own streams beside them.
   ReserveDescriptorStates(io_, max_pending_ + 1 + options_.peer_regions.size() *
                                                    static_cast<size_t>(options_.link.max_streams));
-  AcceptNext();
+  AcceptNext(false);
+}
+
+void EndpointCore::StartAcceptingInRegion(std::unique_ptr<tcp::acceptor> acceptor,
+                                          std::set<asio::ip::address> hosts) {
+  region_acceptor_ = std::move(acceptor);
+  region_hosts_ = std::move(hosts);
+  AcceptNext(true);
 }
 
 void EndpointCore::MakeRoomForSetup() {
@@ -145,18 +154,20 @@ void EndpointCore::ReleaseHeapIfQuiet() {
                             << " in " << FormatDuration(took.ElapsedNanos());
 }
 
-void EndpointCore::AcceptNext() {
-  if (!acceptor_ || shut_down_) return;
-  acceptor_->async_accept([self = shared_from_this()](const asio::error_code& ec,
-                                                      tcp::socket socket) {
+void EndpointCore::AcceptNext(bool in_region) {
+  tcp::acceptor* acceptor = in_region ? region_acceptor_.get() : acceptor_.get();
+  if (acceptor == nullptr || shut_down_) return;
+  acceptor->async_accept([self = shared_from_this(), in_region](const asio::error_code& ec,
+                                                                tcp::socket socket) {
     if (self->shut_down_) return;
     if (ec == asio::error::operation_aborted) return;  // the acceptor was closed
+    AcceptPause& pause = in_region ? self->region_accept_pause_ : self->accept_pause_;
     if (ec) {
-      return self->accept_pause_.OnFailure(ec, [self] {
-        if (!self->shut_down_) self->AcceptNext();
+      return pause.OnFailure(ec, [self, in_region] {
+        if (!self->shut_down_) self->AcceptNext(in_region);
       });
     }
-    self->accept_pause_.OnSuccess();
+    pause.OnSuccess();
     {
       asio::error_code pec;
       const tcp::endpoint remote = socket.remote_endpoint(pec);
@@ -164,12 +175,15 @@ void EndpointCore::AcceptNext() {
                                    : remote.address().to_string() + ":" +
                                          std::to_string(remote.port());
       self->MakeRoomForSetup();
-      auto stream = std::make_shared<StreamConn>(std::move(socket), self->tls(), peer);
+      // The in-region listener is plain TCP whatever the endpoint's transport.
+      auto stream = std::make_shared<StreamConn>(std::move(socket),
+                                                 in_region ? nullptr : self->tls(), peer);
       stream->accepted_ns = MonotonicNanos();
+      stream->in_region = in_region;
       ++self->setups_since_release_;
       self->SetUpAccepted(std::move(stream));
     }
-    self->AcceptNext();
+    self->AcceptNext(in_region);
   });
 }
 
@@ -211,10 +225,11 @@ void EndpointCore::Released(LinkCore* link) {
 void EndpointCore::BeginShutdown() {
   shut_down_ = true;
   accept_pause_.Cancel();
+  region_accept_pause_.Cancel();
   release_timer_.cancel();
-  if (acceptor_) {
+  for (auto* acceptor : {acceptor_.get(), region_acceptor_.get()}) {
     asio::error_code ec;
-    acceptor_->close(ec);
+    if (acceptor != nullptr) acceptor->close(ec);
   }
   for (auto& stream : handshaking_) stream->Close();
   handshaking_.clear();
@@ -247,6 +262,7 @@ struct Endpoint::Impl {
   EndpointOptions options;
   std::mutex mu;
   bool listening = false;
+  bool listening_in_region = false;
 };
 
 Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -345,14 +361,16 @@ StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
   return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
-StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->listening) return FailedPreconditionError("this endpoint already listens");
+namespace {
+
+// A bound, listening acceptor on the endpoint's io_context (not yet accepting: the I/O thread
+// starts that), and the port it got. `what` names the listener in errors.
+StatusOr<std::pair<std::shared_ptr<tcp::acceptor>, uint16_t>> OpenAcceptor(
+    asio::io_context& io, const std::string& address, uint16_t port) {
   asio::error_code ec;
   const asio::ip::address ip = asio::ip::make_address(address, ec);
   if (ec) return InvalidArgumentError("listen address '" + address + "' is not a numeric IP");
-  // The acceptor is set up here, before the I/O thread ever sees it.
-  auto acceptor = std::make_unique<tcp::acceptor>(impl_->runtime->io());
+  auto acceptor = std::make_shared<tcp::acceptor>(io);
   const tcp::endpoint at(ip, port);
   const std::string where = address + ":" + std::to_string(port);
   acceptor->open(at.protocol(), ec);
@@ -362,21 +380,80 @@ StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
   if (ec) return ErrorCodeStatus("cannot listen on " + where, ec);
   const uint16_t bound = acceptor->local_endpoint(ec).port();
   if (ec) return InternalError("cannot read the bound port: " + ec.message());
-  auto shared = std::shared_ptr<tcp::acceptor>(std::move(acceptor));
-  if (!impl_->runtime->Post([core = impl_->core, shared]() mutable {
+  return std::make_pair(std::move(acceptor), bound);
+}
+
+}  // namespace
+
+asio::ip::address UnmappedAddress(const asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  }
+  return a;
+}
+
+StatusOr<uint16_t> Endpoint::Listen(const std::string& address, uint16_t port) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->listening) return FailedPreconditionError("this endpoint already listens");
+  // The acceptor is set up here, before the I/O thread ever sees it.
+  STRAIT_ASSIGN_OR_RETURN(auto opened, OpenAcceptor(impl_->runtime->io(), address, port));
+  if (!impl_->runtime->Post([core = impl_->core, shared = opened.first]() mutable {
         core->StartAccepting(std::make_unique<tcp::acceptor>(std::move(*shared)));
       })) {
     return UnavailableError("endpoint is shutting down");
   }
   impl_->listening = true;
   STRAIT_LOG(kInfo, "net") << "region " << impl_->options.region << " listening on " << address
-                           << ":" << bound;
-  return bound;
+                           << ":" << opened.second;
+  return opened.second;
+}
+
+StatusOr<uint16_t> Endpoint::ListenInRegion(const std::string& address, uint16_t port,
+                                            const std::vector<std::string>& region_hosts) {
+  std::set<asio::ip::address> hosts;
+  for (const std::string& h : region_hosts) {
+    asio::error_code ec;
+    const asio::ip::address ip = asio::ip::make_address(h, ec);
+    if (ec) return InvalidArgumentError("region gateway address '" + h + "' is not a numeric IP");
+    hosts.insert(UnmappedAddress(ip));
+  }
+  if (hosts.empty()) {
+    return InvalidArgumentError("an in-region listener needs the region's gateway addresses");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->listening_in_region) {
+    return FailedPreconditionError("this endpoint already listens for its region");
+  }
+  STRAIT_ASSIGN_OR_RETURN(auto opened, OpenAcceptor(impl_->runtime->io(), address, port));
+  if (!impl_->runtime->Post([core = impl_->core, shared = opened.first,
+                             hosts = std::move(hosts)]() mutable {
+        core->StartAcceptingInRegion(std::make_unique<tcp::acceptor>(std::move(*shared)),
+                                     std::move(hosts));
+      })) {
+    return UnavailableError("endpoint is shutting down");
+  }
+  impl_->listening_in_region = true;
+  STRAIT_LOG(kInfo, "net") << "region " << impl_->options.region
+                           << " listening for its own gateways on " << address << ":"
+                           << opened.second << " (plain TCP)";
+  return opened.second;
 }
 
 StatusOr<std::shared_ptr<Link>> Endpoint::Connect(const std::string& peer_region,
                                                   const std::string& address, uint16_t port,
                                                   MessageCallback on_message) {
+  return Dial(peer_region, address, port, std::move(on_message), /*in_region=*/false);
+}
+
+StatusOr<std::shared_ptr<Link>> Endpoint::ConnectInRegion(const std::string& address,
+                                                          uint16_t port,
+                                                          MessageCallback on_message) {
+  return Dial(impl_->options.region, address, port, std::move(on_message), /*in_region=*/true);
+}
+
+StatusOr<std::shared_ptr<Link>> Endpoint::Dial(const std::string& peer_region,
+                                               const std::string& address, uint16_t port,
+                                               MessageCallback on_message, bool in_region) {
   if (!IsValidRegionName(peer_region)) {
     return InvalidArgumentError("peer region '" + peer_region + "' is not a valid region name");
   }
@@ -386,7 +463,7 @@ StatusOr<std::shared_ptr<Link>> Endpoint::Connect(const std::string& peer_region
   if (port == 0) return InvalidArgumentError("peer port must not be 0");
   auto core = std::make_shared<LinkCore>(impl_->core, LinkCore::Role::kDialer, peer_region,
                                          tcp::endpoint(ip, port), RandomU64(),
-                                         std::move(on_message));
+                                         std::move(on_message), in_region);
   if (!impl_->runtime->Post([endpoint = impl_->core, core] {
         endpoint->Register(core);
         if (core->active()) core->Start();

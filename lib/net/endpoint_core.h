@@ -30,6 +30,10 @@ class LinkCore;
 class Runtime;
 class StreamConn;
 
+// An address as a peer's connection shows it, compared as configured: IPv4 peers of an IPv6
+// socket appear as ::ffff:a.b.c.d, which is the IPv4 address a.b.c.d.
+asio::ip::address UnmappedAddress(const asio::ip::address& a);
+
 // Shared parts of the endpoint that links need: options, TLS, counters, the registry.
 class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
  public:
@@ -69,6 +73,9 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   }
 
   void StartAccepting(std::unique_ptr<asio::ip::tcp::acceptor> acceptor);
+  // The plain in-region listener (Endpoint::ListenInRegion) and the addresses it admits.
+  void StartAcceptingInRegion(std::unique_ptr<asio::ip::tcp::acceptor> acceptor,
+                              std::set<asio::ip::address> hosts);
   void Register(const std::shared_ptr<LinkCore>& link);
   // A link ended. One whose streams are still writing their close records stays in ended_
   // until the last of them is dropped (Released), so that endpoint shutdown waits for them
@@ -87,7 +94,9 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::weak_ptr<Runtime> runtime_weak() const { return runtime_; }
 
  private:
-  void AcceptNext();
+  // Accepts the next connection on the WAN listener, or on the in-region one (plain streams
+  // that only this region's gateways may open).
+  void AcceptNext(bool in_region);
   void SetUpAccepted(std::shared_ptr<StreamConn> stream);
   // Before a new stream joins handshaking_: at max_pending_ streams still setting up, the oldest
   // one is evicted (see EndpointOptions::max_pending_streams).
@@ -109,6 +118,8 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   std::weak_ptr<Runtime> runtime_;
   std::set<std::string> peers_;
   std::unique_ptr<asio::ip::tcp::acceptor> acceptor_;
+  std::unique_ptr<asio::ip::tcp::acceptor> region_acceptor_;
+  std::set<asio::ip::address> region_hosts_;  // who may open a stream on region_acceptor_
   // Accepted links by (region, session id); dialed links under session id only in links_.
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<LinkCore>> sessions_;
   std::vector<std::shared_ptr<LinkCore>> links_;
@@ -127,6 +138,7 @@ class EndpointCore : public std::enable_shared_from_this<EndpointCore> {
   bool shut_down_ = false;
   // Out of descriptors or memory: accepting pauses instead of spinning (net/accept_pause.h).
   AcceptPause accept_pause_{io_.get_executor(), "a WAN connection", "net"};
+  AcceptPause region_accept_pause_{io_.get_executor(), "an in-region connection", "net"};
 };
 
 }  // namespace strait::net

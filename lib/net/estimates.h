@@ -57,8 +57,11 @@ struct EndpointCounters {
   uint64_t bad_magic = 0;               // not a Strait hello (garbage bytes, TLS mismatch)
   uint64_t bad_version = 0;             // a hello with another wire version
   uint64_t bad_hello = 0;               // malformed hello fields
-  uint64_t unknown_region = 0;          // certificate names a region not in the config
+  uint64_t unknown_region = 0;          // certificate names a region not in the config, or a
+                                        // plain in-region stream comes from an unlisted address
   uint64_t identity_mismatch = 0;       // hello region differs from the certificate's region
+                                        // (in-region listener: from this endpoint's region), or
+                                        // a stream's transport differs from its link's
   uint64_t handshake_timeouts = 0;      // TCP/TLS/hello not completed within the deadline
   uint64_t setup_overflows = 0;         // closed while setting up for a newer connection (more
                                         // than EndpointOptions::max_pending_streams at once)

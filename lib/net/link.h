@@ -254,6 +254,20 @@ class Endpoint {
                                           const std::string& address, uint16_t port,
                                           MessageCallback on_message);
 
+  // Plain TCP inside the region (straitd's `[region] transport = "plain"`): a region's own
+  // gateways exchange 2x each tensor of a region all-reduce over their LAN, and TLS on that hop
+  // costs CPU the WAN hop needs, where NCCL's own traffic inside the datacenter is plain as well.
+  // ListenInRegion opens a second listener, without TLS, that admits only streams from one of
+  // `region_hosts` (numeric IPs: the region's other gateways) whose hello names this endpoint's
+  // own region; it must be bound to the LAN, as nothing on it is encrypted or authenticated
+  // beyond the source address. At most one. ConnectInRegion dials such a listener of a gateway
+  // of this endpoint's own region. A plain stream never joins a TLS link or the reverse.
+  // Thread-safe; neither blocks.
+  StatusOr<uint16_t> ListenInRegion(const std::string& address, uint16_t port,
+                                    const std::vector<std::string>& region_hosts);
+  StatusOr<std::shared_ptr<Link>> ConnectInRegion(const std::string& address, uint16_t port,
+                                                  MessageCallback on_message);
+
   // A copy of the listener's and dialer's refusal counters. Thread-safe.
   EndpointCounters Counters() const;
 
@@ -271,6 +285,9 @@ class Endpoint {
 
  private:
   explicit Endpoint(std::unique_ptr<Impl> impl);
+  // Connect and ConnectInRegion: `in_region` dials plain TCP whatever the endpoint's transport.
+  StatusOr<std::shared_ptr<Link>> Dial(const std::string& peer_region, const std::string& address,
+                                       uint16_t port, MessageCallback on_message, bool in_region);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -22,12 +22,14 @@ namespace strait::net {
 using asio::ip::tcp;
 
 LinkCore::LinkCore(std::shared_ptr<EndpointCore> endpoint, Role role, std::string peer_region,
-                   tcp::endpoint address, uint64_t session_id, MessageCallback on_message)
+                   tcp::endpoint address, uint64_t session_id, MessageCallback on_message,
+                   bool in_region)
     : endpoint_(std::move(endpoint)),
       options_(endpoint_->options().link),
       role_(role),
       peer_region_(std::move(peer_region)),
       address_(address),
+      in_region_(in_region),
       session_id_(session_id),
       on_message_(std::move(on_message)),
       receive_(options_.max_message_bytes, options_.max_partial_bytes),

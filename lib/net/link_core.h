@@ -78,11 +78,15 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   enum class Role { kDialer, kAcceptor };
   enum class State { kActive, kClosed, kFailed };
 
+  // `in_region`: the link runs on plain TCP among one region's gateways (Endpoint::
+  // ConnectInRegion / ListenInRegion) whatever the endpoint's transport.
   LinkCore(std::shared_ptr<EndpointCore> endpoint, Role role, std::string peer_region,
-           asio::ip::tcp::endpoint address, uint64_t session_id, MessageCallback on_message);
+           asio::ip::tcp::endpoint address, uint64_t session_id, MessageCallback on_message,
+           bool in_region = false);
 
   const std::string& peer_region() const { return peer_region_; }
   const std::string& peer_name() const { return peer_name_; }
+  bool in_region() const { return in_region_; }
   void set_on_message(MessageCallback cb) { on_message_ = std::move(cb); }
 
   // Starts the tick and, on a dialer, dials the initial pool.
@@ -189,6 +193,7 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   Role role_;
   std::string peer_region_;
   asio::ip::tcp::endpoint address_;
+  bool in_region_ = false;
   uint64_t session_id_;
   bool ever_attached_ = false;  // a stream was up once: later dials resume the session
   std::string peer_name_;

@@ -30,7 +30,8 @@ using asio::ip::tcp;
 
 void LinkCore::Dial(int slot) {
   if (state_ != State::kActive || slot >= target_streams_) return;
-  auto stream = std::make_shared<StreamConn>(tcp::socket(endpoint_->io()), endpoint_->tls(),
+  auto stream = std::make_shared<StreamConn>(tcp::socket(endpoint_->io()),
+                                             in_region_ ? nullptr : endpoint_->tls(),
                                              peer_name_ + " stream " + std::to_string(slot));
   stream->slot = slot;
   dialing_[slot] = stream;
@@ -198,6 +199,17 @@ void EndpointCore::SetUpAccepted(std::shared_ptr<StreamConn> stream) {
     STRAIT_LOG(kWarn, "net") << stream->peer() << ": socket options: " << s;
   }
   auto self = shared_from_this();
+  if (stream->in_region) {
+    // Nothing authenticates a plain stream but where it comes from.
+    asio::error_code ec;
+    const tcp::endpoint remote = stream->Lowest().remote_endpoint(ec);
+    if (ec || region_hosts_.count(UnmappedAddress(remote.address())) == 0) {
+      return Refuse(stream,
+                    "not a gateway of region '" + options_.region +
+                        "' (the in-region listener admits only the region's gateway addresses)",
+                    &EndpointCounters::unknown_region);
+    }
+  }
   if (stream->tls() == nullptr) return ReadHello(std::move(stream), "");
   stream->tls()->async_handshake(
       asio::ssl::stream_base::server, [self, stream](const asio::error_code& ec) {
@@ -259,11 +271,27 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
                             "region '" + hello.region + "' is not among the configured peers",
                             &EndpointCounters::unknown_region);
       }
+      if (stream->in_region && hello.region != self->options_.region) {
+        return self->Refuse(stream,
+                            "hello claims region '" + hello.region +
+                                "' on the listener for region '" + self->options_.region +
+                                "''s own gateways (plain TCP admits only them)",
+                            &EndpointCounters::identity_mismatch);
+      }
       // Find or create the link this stream belongs to.
       const auto key = std::make_pair(hello.region, hello.session_id);
       std::shared_ptr<LinkCore> link;
       if (auto it = self->sessions_.find(key); it != self->sessions_.end()) {
         link = it->second;
+        // A plain stream must not join a link set up over TLS (nor the reverse): its session id
+        // would be all a plain peer needs to read and inject the link's messages.
+        if (link->in_region() != stream->in_region) {
+          return self->Refuse(stream,
+                              std::string("a ") + (stream->in_region ? "plain in-region" : "TLS") +
+                                  " stream for a link set up over " +
+                                  (link->in_region() ? "the plain in-region listener" : "TLS"),
+                              &EndpointCounters::identity_mismatch);
+        }
       } else if (hello.flags & kHelloResume) {
         // A redial of a link this process never had: it restarted (or forgot a failed link).
         // Joining it to a fresh link would pair the dialer's sequence numbers and message ids
@@ -292,7 +320,7 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
         asio::error_code pec;
         link = std::make_shared<LinkCore>(self, LinkCore::Role::kAcceptor, hello.region,
                                           stream->Lowest().remote_endpoint(pec),
-                                          hello.session_id, nullptr);
+                                          hello.session_id, nullptr, stream->in_region);
         self->sessions_[key] = link;
         self->links_.push_back(link);
         self->Count([](EndpointCounters& c) { ++c.links_accepted; });

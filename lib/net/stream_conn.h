@@ -134,6 +134,9 @@ class StreamConn : public std::enable_shared_from_this<StreamConn> {
   std::vector<uint8_t> hello;  // the hello being read or written during setup
   int64_t last_rx_ns = 0;
   int64_t accepted_ns = 0;  // when the acceptor took it (the oldest setting up yields first)
+  // Accepted on the plain in-region listener (Endpoint::ListenInRegion): only a gateway of this
+  // endpoint's own region, from a listed address, may set it up.
+  bool in_region = false;
   int64_t last_ping_ns = 0;
   uint64_t final_retrans_ = 0;
 
