@@ -137,16 +137,16 @@ Status ReadTopLevel(Reader& top, GatewayConfig* c) {
   if (index == nullptr && set == nullptr) {
     // A misspelt key (`shard_idx`) is the likelier mistake than a forgotten one: name it, as the
     // unknown-key check at the end would, rather than report shard_index missing.
-    static constexpr std::string_view kTopLevel[] = {"region", "shard_index", "shards", "local",
-                                                     "wan",    "tls",         "peers",  "link",
-                                                     "policy", "allreduce",   "metrics"};
+    static constexpr std::string_view kTopLevel[] = {
+        "region", "shard_index", "shards",    "local",    "wan", "tls", "peers", "region_links",
+        "link",   "policy",      "allreduce", "metrics"};
     for (const auto& entry : top.table()) {
       const toml::key& key = entry.first;
       if (std::find(std::begin(kTopLevel), std::end(kTopLevel), key.str()) ==
           std::end(kTopLevel)) {
         return top.Error(key.source(), std::string(key.str()),
                          "unknown key; allowed keys here: region, shard_index, shards, local, "
-                         "wan, tls, peers, link, policy, allreduce, metrics");
+                         "wan, tls, peers, region_links, link, policy, allreduce, metrics");
       }
     }
   }
@@ -569,6 +569,57 @@ Status ReadAllReduce(Reader& top, const std::string& file, GatewayConfig* c) {
   return r.CheckNoUnknownKeys({"deadline", "shutdown_grace", "shard_weights", "chunk_elements"});
 }
 
+// [region_links]: how the region's own gateways link ("Plain region links" in config.h).
+Status ReadRegionLinks(Reader& top, const std::string& file, GatewayConfig* c) {
+  const toml::table* t = nullptr;
+  STRAIT_RETURN_IF_ERROR(top.ReadTable("region_links", false, &t));
+  if (t == nullptr) return Status::Ok();
+  Reader r(*t, "region_links", file);
+  std::string transport = "tls", listen;
+  STRAIT_RETURN_IF_ERROR(r.ReadString("transport", false, &transport));
+  STRAIT_RETURN_IF_ERROR(r.ReadString("listen", false, &listen));
+  STRAIT_RETURN_IF_ERROR(r.CheckNoUnknownKeys({"transport", "listen"}));
+  if (transport != "tls" && transport != "plain") {
+    return r.Error(r.Get("transport")->source(), "region_links.transport",
+                   "found \"" + transport + "\"; allowed: \"tls\" (over wan.listen) or "
+                   "\"plain\" (plain TCP on region_links.listen, inside a trusted LAN)");
+  }
+  c->region_plain = transport == "plain";
+  if (c->region_plain && c->region_gateways.empty()) {
+    return r.Error(r.Get("transport")->source(), "region_links.transport",
+                   "\"plain\" for the links among region " + c->region +
+                       "'s gateways, but [peers." + c->region +
+                       "] lists none; allowed: list them there (shard_<k> = \"host:port\"), "
+                       "or remove [region_links]");
+  }
+  if (!c->region_plain) {
+    if (r.Get("listen") == nullptr) return Status::Ok();
+    return r.Error(r.Get("listen")->source(), "region_links.listen",
+                   "given with region_links.transport = \"tls\", whose links use wan.listen; "
+                   "allowed: remove it, or set region_links.transport = \"plain\"");
+  }
+  if (r.Get("listen") == nullptr) {
+    return r.ErrorAtTable("missing region_links.listen, required by region_links.transport = "
+                          "\"plain\"; allowed: listen = \"<LAN address>:<port>\" (the address "
+                          "[peers." + c->region + "] gives this gateway)");
+  }
+  auto hp = ParseHostPort(listen);
+  if (!hp.ok()) {
+    return r.Error(r.Get("listen")->source(), "region_links.listen",
+                   "found \"" + listen + "\"; " + hp.status().message());
+  }
+  const auto wildcard = [](const std::string& host) { return host == "0.0.0.0" || host == "::"; };
+  if (hp->port == c->wan_listen.port &&
+      (hp->host == c->wan_listen.host || wildcard(hp->host) || wildcard(c->wan_listen.host))) {
+    return r.Error(r.Get("listen")->source(), "region_links.listen",
+                   "found \"" + listen + "\", the port of wan.listen (" +
+                       c->wan_listen.ToString() +
+                       "); allowed: another port (the two listeners speak TLS and plain TCP)");
+  }
+  c->region_listen = *hp;
+  return Status::Ok();
+}
+
 Status ReadMetrics(Reader& top, const std::string& file, GatewayConfig* c) {
   const toml::table* t = nullptr;
   STRAIT_RETURN_IF_ERROR(top.ReadTable("metrics", false, &t));
@@ -604,14 +655,14 @@ StatusOr<GatewayConfig> ParseConfig(std::string_view text, const std::string& fi
   STRAIT_RETURN_IF_ERROR(ReadLocal(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadWanAndTls(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadPeers(top, file, &c));
+  STRAIT_RETURN_IF_ERROR(ReadRegionLinks(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadLink(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadPolicy(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadAllReduce(top, file, &c));
   STRAIT_RETURN_IF_ERROR(ReadMetrics(top, file, &c));
   STRAIT_RETURN_IF_ERROR(top.CheckNoUnknownKeys({"region", "shard_index", "shards", "local",
-                                                 "wan", "tls",
-                                                 "peers", "link", "policy", "allreduce",
-                                                 "metrics"}));
+                                                 "wan", "tls", "peers", "region_links", "link",
+                                                 "policy", "allreduce", "metrics"}));
   return c;
 }
 

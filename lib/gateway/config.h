@@ -23,6 +23,9 @@
 //   [peers.us-east]               # optional: this region's own gateways (LAN addresses), for
 //   shard_0 = "10.0.0.7:7400"     # region all-reduces (see below); this gateway's own entry
 //   shard_1 = "10.0.0.8:7400"     # may be listed and is not used
+//   [region_links]                # optional, with [peers.<own region>]: the region's links
+//   transport = "plain"           # "tls" (default: over wan.listen, [tls]) or "plain" (below)
+//   listen = "10.0.0.7:7401"      # with "plain": the LAN address [peers.<own region>] names
 //   [link]                        # optional; see net::LinkOptions
 //   streams = 1
 //   congestion_control = "bbr"
@@ -71,6 +74,16 @@
 // ([peers.<own region>]) need one process per shard and are refused with `shards`. Two straitd
 // processes on one node serving the same shard (with sockets in the same directory) are refused
 // when the second starts or checks its config: each shard holds a lock file beside the socket.
+//
+// Plain region links. A region all-reduce moves twice each tensor between the region's own
+// gateways (reduce-scatter, all-gather), inside the datacenter, where NCCL's own traffic is not
+// encrypted either; TLS there costs CPU the WAN transfers need (CollNet measured 1.27x library
+// mode with plain links against 1.59x with TLS, bench/README.md). [region_links] transport = "plain"
+// moves those links to plain TCP on region_links.listen, a second listener that admits only the
+// addresses listed in [peers.<own region>] (which then name each gateway's region_links.listen) and
+// hellos naming this region; the WAN links stay on wan.listen with TLS. Nothing on it is
+// encrypted or authenticated beyond the source address: bind it to the LAN, never the internet.
+// Every gateway of a region must use the same transport for it.
 //
 // Every problem is reported as ONE error naming the file, the line and column, the key path
 // (e.g. `peers.eu-west.shard_1`), what was found and what is allowed. Unknown keys are errors,
@@ -161,8 +174,12 @@ struct GatewayConfig {
   // region's gateways are shard_0..shard_<m-1>, all listed but this one, and no other region
   // lists a shard index >= m (every region runs the same number of gateways). Empty: m = 1.
   // Links to them follow wan.transport and [tls] like any peer's (their certificates name this
-  // region); each gateway dials every other one of its region.
+  // region) unless [region_links] says "plain"; each gateway dials every other one of its region.
   std::map<int, HostPort> region_gateways;
+  // region_links.transport = "plain": the links among the region's gateways are plain TCP,
+  // accepted on region_listen (set exactly then) and dialled at region_gateways' addresses.
+  bool region_plain = false;
+  std::optional<HostPort> region_listen;
 
   // Links start at kDefaultLinkStreams streams (link.streams) and adapt from there.
   net::LinkOptions link = [] {

@@ -90,7 +90,10 @@ std::string GatewayConfig::Summary() const {
     os << (i ? "," : "") << CodecName(policy.allowed_codecs[i]);
   }
   os << "]";
-  if (!region_gateways.empty()) os << ", region gateways " << RegionSize();
+  if (!region_gateways.empty()) {
+    os << ", region gateways " << RegionSize();
+    if (region_listen) os << " (plain TCP on " << region_listen->ToString() << ")";
+  }
   if (dial_only) os << ", dial-only (dials every peer region)";
   if (!dial_only_peers.empty()) {
     os << ", dial-only peers [";

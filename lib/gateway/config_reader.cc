@@ -34,6 +34,8 @@ constexpr std::string_view kKnownKeys[] = {
     "peers.<region>.shard_<index>",
     "peers.<region>.dial",
     "peers.<region>.max_rate",
+    "region_links.transport",
+    "region_links.listen",
     "link.streams",
     "link.adapt_streams",
     "link.congestion_control",

@@ -1,7 +1,8 @@
 // `straitd --check-config FILE...` with several files (config_check.h, CheckConfigSet): what no
 // single config can tell, because it is spread over the configs of a deployment -- a shard served
 // by two gateways of one region, both sides of a pair dial-only, a dial-only region its peers do
-// not mark (or one they mark that does not dial), regions that disagree on shard weights.
+// not mark (or one they mark that does not dial), regions that disagree on shard weights, a
+// region's gateways that disagree on plain region links.
 #include <map>
 #include <set>
 #include <string>
@@ -69,6 +70,19 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
             " does not dial (no wan.dial = \"outbound-only\"), so nobody dials that pair; fix: "
             "set wan.dial = \"outbound-only\" there, or remove the mark here");
       }
+    }
+  }
+  // Region links: a gateway that dials plain TCP finds only TLS at a neighbour's address, and
+  // the reverse; the region's gateways must agree ("Plain region links" in config.h).
+  for (const GatewayConfig& c : configs) {
+    const GatewayConfig& p = *by_region.at(c.region);
+    if (c.region_plain != p.region_plain) {
+      return InvalidArgumentError(
+          FileOf(c) + ": region_links.transport: \"" + (c.region_plain ? "plain" : "tls") +
+          "\" but \"" + (p.region_plain ? "plain" : "tls") + "\" in " + FileOf(p) +
+          ", of the same region " + c.region +
+          ", so their region links never come up; fix: the same [region_links] in every "
+          "gateway of the region");
     }
   }
   // Shard weights and chunk size: every region's gateways must configure the same (gateway.h).

@@ -318,6 +318,17 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::StartOrThrow(const GatewayConfig& co
   auto port = h->endpoint->Listen(config.wan_listen.host, config.wan_listen.port);
   if (!port.ok()) return port.status().WithContext("wan.listen " + config.wan_listen.ToString());
   h->wan_port = *port;
+  if (config.region_listen) {
+    // Plain region links ("Plain region links" in config.h): only the region's gateways get in.
+    std::vector<std::string> hosts;
+    for (const auto& [index, addr] : config.region_gateways) hosts.push_back(addr.host);
+    auto region_port =
+        h->endpoint->ListenInRegion(config.region_listen->host, config.region_listen->port, hosts);
+    if (!region_port.ok()) {
+      return region_port.status().WithContext("region_links.listen " +
+                                              config.region_listen->ToString());
+    }
+  }
   // Each pair's link is dialled by one side only (config.h, "Dial-only regions"): the lower
   // rank, or the side behind NAT.
   if (config.dial_only) {

@@ -98,8 +98,12 @@ Status Gateway::Impl::RunRegionAllReduce(collective::AllReduceRequest& req, uint
 
 Status Gateway::Impl::DialRegionGateway(int index) {
   const HostPort& addr = config.region_gateways.at(index);
-  auto link = host->endpoint->Connect(config.region, addr.host, addr.port,
-                                region_state.receivers[static_cast<size_t>(index)]);
+  auto link =
+      config.region_plain
+          ? host->endpoint->ConnectInRegion(addr.host, addr.port,
+                                            region_state.receivers[static_cast<size_t>(index)])
+          : host->endpoint->Connect(config.region, addr.host, addr.port,
+                                    region_state.receivers[static_cast<size_t>(index)]);
   if (!link.ok()) {
     return link.status().WithContext("peers." + config.region + ".shard_" + std::to_string(index));
   }

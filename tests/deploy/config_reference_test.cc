@@ -202,6 +202,8 @@ std::string Fingerprint(const GatewayConfig& c) {
   for (const std::string& region : c.dial_only_peers) os << " " << region << ".dial-only";
   os << "|region";
   for (const auto& [i, hp] : c.region_gateways) os << " " << i << "=" << hp.ToString();
+  os << " plain " << c.region_plain << " "
+     << (c.region_listen ? c.region_listen->ToString() : "none");
   os << "|link " << c.link.streams << " " << c.link.min_streams << " " << c.link.max_streams << " "
      << c.link.adapt_streams << " " << c.link.congestion_control << " "
      << c.link.handshake_timeout_ns << " " << c.link.unreachable_after_ns << " "
@@ -227,6 +229,7 @@ const std::set<std::string>& FingerprintedKeys() {
                                              "wan.listen",
                                              "wan.transport",
                                              "wan.dial",
+                                             "region_links.transport",
                                              "tls.ca",
                                              "tls.cert",
                                              "tls.key",

@@ -133,6 +133,24 @@ TEST(ConfigSet, ChunkSizeMustBeTheSameEverywhere) {
   EXPECT_TRUE(CheckConfigSet({a, b2}).ok());
 }
 
+TEST(ConfigSet, ARegionsGatewaysMustAgreeOnPlainRegionLinks) {
+  const std::string own = "[peers.a]\nshard_0 = \"10.1.0.1:7401\"\nshard_1 = \"10.1.0.2:7401\"\n"
+                          "[peers.b]\nshard_0 = \"10.2.0.1:7400\"\nshard_1 = \"10.2.0.2:7400\"\n";
+  auto plain = [](const std::string& host) {
+    return "[region_links]\ntransport = \"plain\"\nlisten = \"" + host + ":7401\"\n";
+  };
+  const GatewayConfig a0 = Config("a0.toml", "a", "shard_index = 0", own, "", plain("10.1.0.1"));
+  const GatewayConfig a1 = Config("a1.toml", "a", "shard_index = 1", own, "", plain("10.1.0.2"));
+  const GatewayConfig a1_tls = Config("a1.toml", "a", "shard_index = 1", own);
+  EXPECT_TRUE(CheckConfigSet({a0, a1}).ok()) << CheckConfigSet({a0, a1});
+  const Status s = CheckConfigSet({a0, a1_tls});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("a1.toml: region_links.transport: \"tls\" but \"plain\" in a0.toml, "
+                             "of the same region a"),
+            std::string::npos)
+      << s;
+}
+
 // `shards` in one config: each bad form is one error with the key and what is allowed.
 TEST(ConfigSet, BadShardSetsAreRefusedWithTheKey) {
   struct Bad {

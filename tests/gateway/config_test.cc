@@ -109,6 +109,59 @@ TEST(GatewayConfig, OwnRegionTableListsTheRegionsGateways) {
   EXPECT_NE(c->Summary().find("region gateways 2"), std::string::npos) << c->Summary();
 }
 
+TEST(GatewayConfig, RegionLinksMayBePlainOnAListenerOfTheirOwn) {
+  std::string own = kGood;
+  own.replace(own.find("[peers.ap-south]"), 16,
+              "[peers.us-east]\nshard_0 = \"10.0.0.1:7401\"\nshard_1 = \"10.0.0.2:7401\"\n"
+              "[peers.ap-south]");
+  auto with = [&](const std::string& region_links) {
+    return ParseConfig(own + region_links, "f.toml");
+  };
+  auto plain = with("[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.2:7401\"\n");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->region_plain);
+  ASSERT_TRUE(plain->region_listen.has_value());
+  EXPECT_EQ(plain->region_listen->ToString(), "10.0.0.2:7401");
+  EXPECT_EQ(plain->transport, net::Transport::kTls);  // the WAN keeps TLS
+  EXPECT_NE(plain->Summary().find("plain TCP on 10.0.0.2:7401"), std::string::npos)
+      << plain->Summary();
+  auto tls = with("[region_links]\ntransport = \"tls\"\n");
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  EXPECT_FALSE(tls->region_plain);
+  EXPECT_FALSE(tls->region_listen.has_value());
+
+  const struct {
+    std::string text, expect;
+  } bad[] = {
+      {"[region_links]\ntransport = \"plain\"\n",
+       "region_links: missing region_links.listen, required by region_links.transport = "
+       "\"plain\""},
+      {"[region_links]\ntransport = \"tls\"\nlisten = \"10.0.0.2:7401\"\n",
+       "region_links.listen: given with region_links.transport = \"tls\""},
+      {"[region_links]\ntransport = \"udp\"\n",
+       "region_links.transport: found \"udp\"; allowed: \"tls\""},
+      {"[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.2:7400\"\n",
+       "region_links.listen: found \"10.0.0.2:7400\", the port of wan.listen (0.0.0.0:7400)"},
+      {"[region_links]\ntransport = \"plain\"\nlisten = \"lan0:7401\"\n",
+       "region_links.listen: found \"lan0:7401\""},
+      {"[region_links]\nlisten_on = \"10.0.0.2:7401\"\n",
+       "region_links.listen_on: unknown key; allowed keys here: transport, listen"},
+  };
+  for (const auto& b : bad) {
+    auto c = with(b.text);
+    ASSERT_FALSE(c.ok()) << b.text;
+    EXPECT_NE(c.status().message().find(b.expect), std::string::npos)
+        << b.text << "\n" << c.status().message();
+  }
+  // Plain region links with no region gateways to link to.
+  auto lonely = ParseConfig(
+      std::string(kGood) + "[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.2:7401\"\n",
+      "f.toml");
+  ASSERT_FALSE(lonely.ok());
+  EXPECT_NE(lonely.status().message().find("[peers.us-east] lists none"), std::string::npos)
+      << lonely.status().message();
+}
+
 TEST(GatewayConfig, PlainTransportNeedsNoTls) {
   std::string text = kGood;
   const size_t tls = text.find("[tls]");

@@ -4,8 +4,9 @@
 // the documented order (regional sums in shard order, then the regions in rank order), an int8
 // sum within its step, an int32 max exact, every result bit-identical on all four nodes; a node
 // that asks for a different count makes every node fail, its region with a clear error; SIGTERM
-// ends every daemon with exit status 0. Plain TCP and TLS (where
-// same-region gateways authenticate each other with certificates naming their own region).
+// ends every daemon with exit status 0. Plain TCP, TLS (where same-region gateways
+// authenticate each other with certificates naming their own region), and TLS between regions
+// with plain region links ([region_links] transport = "plain" on ports of their own).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -55,10 +56,13 @@ using strait::test::RunProcess;
 using strait::test::SpawnProcess;
 using strait::test::StopProcesses;
 
-class StraitdRegion : public ::testing::TestWithParam<bool> {
+enum class Mode { kPlain, kTls, kTlsPlainRegionLinks };
+
+class StraitdRegion : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
-    const bool tls = GetParam();
+    const bool tls = GetParam() != Mode::kPlain;
+    const bool plain_region = GetParam() == Mode::kTlsPlainRegionLinks;
     char tmpl[] = "/tmp/straitd-region-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -68,16 +72,22 @@ class StraitdRegion : public ::testing::TestWithParam<bool> {
       pki_.emplace(std::move(pki).value());
       ASSERT_TRUE(pki_->MakeCa("cluster-ca").ok());
     }
-    const std::vector<uint16_t> ports = FreePorts(kNodes);
-    // One [peers] section for the whole cluster: every gateway of every region by shard index.
-    std::string peers;
-    for (int r = 0; r < kRegions; ++r) {
-      peers += "[peers." + std::string(kRegionNames[r]) + "]\n";
-      for (int i = 0; i < kGateways; ++i) {
-        peers += "shard_" + std::to_string(i) +
-                 " = \"127.0.0.1:" + std::to_string(ports[size_t(r * kGateways + i)]) + "\"\n";
+    // WAN ports, then (plain region links) each gateway's in-region port.
+    const std::vector<uint16_t> ports = FreePorts(2 * kNodes);
+    // The cluster's [peers]: every gateway of every region by shard index; with plain region
+    // links, a region's own table names its gateways' region_links.listen ports.
+    auto peers_of = [&](int region) {
+      std::string peers;
+      for (int r = 0; r < kRegions; ++r) {
+        peers += "[peers." + std::string(kRegionNames[r]) + "]\n";
+        const size_t base = plain_region && r == region ? kNodes : 0;
+        for (int i = 0; i < kGateways; ++i) {
+          peers += "shard_" + std::to_string(i) + " = \"127.0.0.1:" +
+                   std::to_string(ports[base + size_t(r * kGateways + i)]) + "\"\n";
+        }
       }
-    }
+      return peers;
+    };
     for (int node = 0; node < kNodes; ++node) {
       std::string c = "region = \"" + std::string(kRegionNames[RegionOf(node)]) +
                       "\"\nshard_index = " + std::to_string(ShardOf(node)) + "\n";
@@ -92,7 +102,11 @@ class StraitdRegion : public ::testing::TestWithParam<bool> {
       } else {
         c += "transport = \"plain\"\n";
       }
-      c += peers;
+      c += peers_of(RegionOf(node));
+      if (plain_region) {
+        c += "[region_links]\ntransport = \"plain\"\nlisten = \"127.0.0.1:" +
+             std::to_string(ports[size_t(kNodes + node)]) + "\"\n";
+      }
       c += "[link]\nstreams = 2\nadapt_streams = false\nunreachable_after = \"10s\"\n";
       c += "[policy]\nmin_lossy_bytes = \"4KiB\"\n";
       c += "[allreduce]\ndeadline = \"30s\"\nshutdown_grace = \"5s\"\n";
@@ -282,9 +296,15 @@ TEST_P(StraitdRegion, FourNodeHeadsInTwoRegionsGetTheSameResult) {
   StopAll();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transport, StraitdRegion, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& param_info) {
-                           return std::string(param_info.param ? "Tls" : "Plain");
+INSTANTIATE_TEST_SUITE_P(Transport, StraitdRegion,
+                         ::testing::Values(Mode::kPlain, Mode::kTls, Mode::kTlsPlainRegionLinks),
+                         [](const ::testing::TestParamInfo<Mode>& param_info) {
+                           switch (param_info.param) {
+                             case Mode::kPlain: return std::string("Plain");
+                             case Mode::kTls: return std::string("Tls");
+                             case Mode::kTlsPlainRegionLinks: break;
+                           }
+                           return std::string("TlsWithPlainRegionLinks");
                          });
 
 }  // namespace
