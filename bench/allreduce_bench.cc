@@ -425,6 +425,12 @@ CommandMain SetupAllReduceCommand(CLI::App& cmd) {
                  "With --collnet: bytes of one CollNet iallreduce (NCCL's chunk; 8 in flight)")
       ->transform(SizeValidator(4096, uint64_t{16} << 20))
       ->capture_default_str();
+  cmd.add_option("--region-links", f->region_links,
+                 "With --collnet: the links among a region's gateways: tls (over the WAN port, "
+                 "as --transport) or plain (straitd's [region_links] transport = \"plain\": plain "
+                 "TCP on a port of their own, inside the region)")
+      ->check(CLI::IsMember({"tls", "plain"}))
+      ->capture_default_str();
   // Rank mode, used by the orchestrator only.
   cmd.add_option("--rank-role", f->role)->group("");
   cmd.add_option("--rank-region", f->rank_region)->group("");

@@ -187,13 +187,19 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
   // Gateway g of a region serves shards g*spg .. g*spg+spg-1 (one per rank index when spg = 1).
   const int spg = c.shards_per_gateway;
   const int n = f.regions, k = f.ranks_per_region / spg;
+  // Each gateway's WAN port, then its in-region port (--region-links plain).
   const std::vector<uint16_t> free_ports =
-      s.emulated ? std::vector<uint16_t>{} : FreeLoopbackPorts(n * k);
+      s.emulated ? std::vector<uint16_t>{} : FreeLoopbackPorts(2 * n * k);
   // Fresh namespaces: nothing else listens there, but each generation takes new ports.
   auto port = [&](int r, int g) {
-    return s.emulated ? kGatewayPortBase + 16 * c.generation + g
+    return s.emulated ? kGatewayPortBase + 64 * c.generation + g
                       : free_ports[static_cast<size_t>(r * k + g)];
   };
+  auto region_port = [&](int r, int g) {
+    return s.emulated ? kGatewayPortBase + 64 * c.generation + 32 + g
+                      : free_ports[static_cast<size_t>(n * k + r * k + g)];
+  };
+  const bool plain_region = f.region_links == "plain";
   const std::string straitd = FindStraitd(f.straitd);
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < k; ++i) {  // gateway i
@@ -218,7 +224,11 @@ Status StartGateways(const Flags& f, const Setup& s, const std::vector<uint64_t>
         t += "[peers." + RegionName(r) + "]\n";
         for (int g = 0; g < k; ++g) {
           t += "shard_" + std::to_string(g) + " = \"" + Addr(s, r) + ":" +
-               std::to_string(port(r, g)) + "\"\n";
+               std::to_string(plain_region ? region_port(r, g) : port(r, g)) + "\"\n";
+        }
+        if (plain_region) {
+          t += "[region_links]\ntransport = \"plain\"\nlisten = \"" + Addr(s, r) + ":" +
+               std::to_string(region_port(r, i)) + "\"\n";
         }
       }
       for (int p = 0; p < n; ++p) {

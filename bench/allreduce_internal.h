@@ -109,6 +109,9 @@ struct Flags {
   // iallreduce (NCCL's CollNet chunk).
   std::string collnet;
   uint64_t collnet_chunk = uint64_t{4} << 20;
+  // --region-links plain: CollNet's region links on plain TCP (straitd's [region_links]
+  // transport = "plain", a listener of their own) while the WAN links keep --transport.
+  std::string region_links = "tls";
 };
 
 // Set by SIGINT/SIGTERM in the orchestrator: its waits give up, and Cluster's destructor stops

@@ -174,7 +174,11 @@ std::string FormatTable(const Report& rep) {
     o << "# links: 127.0.0.1 loopback, NOT emulated (" << rep.setup.why_loopback
       << "): the link bound does not apply\n";
   }
-  o << "# gateway links: " << (rep.setup.tls ? "TLS 1.3 (throwaway CA)" : "plain TCP") << ", "
+  o << "# gateway links: " << (rep.setup.tls ? "TLS 1.3 (throwaway CA)" : "plain TCP")
+    << (!f.collnet.empty() && f.region_links == "plain"
+            ? " (CollNet's region links: plain TCP, [region_links])"
+            : "")
+    << ", "
     << f.streams << (f.streams == 1 ? " stream" : " streams")
     << (f.adapt_streams ? " at first, adaptive" : ", fixed")
     << ", congestion control " << (f.cc.empty() ? "the system's" : f.cc)
@@ -582,6 +586,7 @@ std::string FormatJson(const Report& rep) {
   j["adapt_streams"] = f.adapt_streams;
   j["congestion_control"] = f.cc.empty() ? Json(nullptr) : Json(f.cc);
   j["zero_copy"] = f.zero_copy;
+  j["region_links"] = f.collnet.empty() ? Json(nullptr) : Json(f.region_links);
   j["paced"] = rep.setup.emulated && f.pace;
   // null: straitd's rule by op (collective::ChunkElementsFor).
   j["chunk_elements"] = f.chunk_elements != 0 ? Json(f.chunk_elements) : Json(nullptr);

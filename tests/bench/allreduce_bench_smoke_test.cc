@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/common/straitd_process.h"
@@ -363,17 +364,21 @@ TEST(AllReduceBench, OutOfRangeNumbersSayWhatIsAccepted) {
 // --collnet: beside the library-mode row, a row whose ranks are node heads driving the NCCL
 // plugin's CollNet table (dlopen, listen, handles exchanged, connect, chunked iallreduce/test)
 // through their straitds' region all-reduce; its result is checked against the same reference
-// (no wrong element, the same bits on every head) and compared with library mode's time.
+// (no wrong element, the same bits on every head) and compared with library mode's time; the
+// same with the region's links on plain TCP ([region_links], --region-links plain).
 TEST(AllReduceBench, CollNetRowDrivesThePluginAndIsCheckedLikeLibraryMode) {
-  for (const std::string dtype : {"float32", "bfloat16"}) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"float32", "tls"}, {"bfloat16", "tls"}, {"float32", "plain"}};
+  for (const auto& [dtype, region_links] : cases) {
     std::vector<std::string> args = Common("int8");
     args[3] = "2MiB";  // --size: with --collnet-chunk 512KiB, four iallreduces per head
-    args.insert(args.end(),
-                {"--dtype", dtype, "--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk", "512KiB"});
+    args.insert(args.end(), {"--dtype", dtype, "--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk",
+                             "512KiB", "--region-links", region_links});
     const auto r = RunBench(args);
-    ASSERT_EQ(r.code, 0) << dtype << ": " << r.out;
+    ASSERT_EQ(r.code, 0) << dtype << " " << region_links << ": " << r.out;
     const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["region_links"], region_links) << j;
     ASSERT_EQ(j["runs"].size(), 2u) << j;
     EXPECT_EQ(j["runs"][0]["algorithm"], "mesh");
     const auto& collnet = j["runs"][1];
@@ -409,6 +414,13 @@ TEST(AllReduceBench, CollNetFlagsAreCheckedBeforeAnythingStarts) {
   std::vector<std::string> chunk = Common("int8");
   chunk.insert(chunk.end(), {"--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk", "64MiB"});
   EXPECT_EQ(RunBench(chunk).code, 2);
+  std::vector<std::string> links = {STRAIT_BENCH_BINARY};
+  const std::vector<std::string> common = Common("int8");
+  links.insert(links.end(), common.begin(), common.end());
+  links.insert(links.end(), {"--collnet", STRAIT_PLUGIN_BINARY, "--region-links", "udp"});
+  const auto l = strait::test::RunCaptured(links);
+  EXPECT_EQ(l.code, 2);
+  EXPECT_NE(l.err.find("--region-links"), std::string::npos) << l.err;
 }
 #endif
 
