@@ -174,8 +174,12 @@ class Head {
         }
       }
       if (deadline.Expired()) return DeadlineExceededError("collnet all-reduce took too long");
-      // Six heads share two cores here: a tight poll would take their time from straitd.
-      if (!window.empty()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+      // Six heads share two cores here, where NCCL's proxy would poll on a node of its own: a
+      // tight poll takes the time straitd needs. Each request is a 4 MiB region all-reduce of
+      // 60 ms or more, so 2 ms between polls delays little; against 0.5 ms it gave CollNet
+      // 1372-1795 ms (median 1398) against 1424-1630 (median 1510) in alternating runs
+      // (bench/README.md, "2026-12-07 (later)").
+      if (!window.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return Status::Ok();
   }

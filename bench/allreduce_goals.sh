@@ -24,16 +24,18 @@
 #   small:  the equal links, one 4 KiB all-reduce (int8+ef's policy sends it with zstd), ten
 #           iterations. #16: <= 1.3 x 2 RTT.
 #   collnet: the equal links, int8+ef through the NCCL plugin's CollNet table beside library
-#           mode (strait-bench --collnet BUILD/plugins/nccl/libnccl-net-strait.so). #16: CollNet
-#           <= 1.2x library mode's time.
+#           mode (strait-bench --collnet BUILD/plugins/nccl/libnccl-net-strait.so), the links
+#           among a region's gateways on plain TCP (REGION_LINKS, default plain: straitd's
+#           [region_links] transport = "plain"; tls runs them over the TLS WAN port). #16:
+#           CollNet <= 1.2x library mode's time.
 # The gateways pace their links at each pair's rate / 2 (strait-bench's --pace, straitd's
 # peers.<region>.max_rate; since 2026-12-03); PACE=false runs them unpaced as before.
 # CHUNK sets straitd's allreduce.chunk_elements (0: its rule by op: 2^16 for lossy ops of 2^22
 # elements or more, else 2^18). ZERO_COPY=1 runs the mesh ranks with --zero-copy (their
 # tensor kept in straitd's shared region: no copy in or out per call). CC sets the gateways'
 # link.congestion_control (bbr, cubic, reno; empty: the system's). SIZE (64MiB), ITERS (3),
-# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK, ZERO_COPY and
-# CC override;
+# WARMUP (1), CASES ("equal hetero bf16 small collnet"), STREAMS (1), PACE, CHUNK, ZERO_COPY,
+# CC and REGION_LINKS override;
 # a small SIZE checks the script, not the goals (the small case is 4 KiB whatever SIZE says).
 # The link bound is DESIGN's 2L + 2S(n-1)/(n r B); on strait-wanem every directed pair has its
 # own rate, so the per-pair floor is the tighter one (the note under the table gives each mesh
@@ -52,6 +54,7 @@ PACE=${PACE:-true}
 CHUNK=${CHUNK:-0}
 CC=${CC:-}
 ZERO_COPY=${ZERO_COPY:-0}
+REGION_LINKS=${REGION_LINKS:-plain}
 
 die() { echo "allreduce_goals: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "needs root (strait-wanem creates network namespaces)"
@@ -95,7 +98,8 @@ for c in $CASES; do
               --shards balanced,weighted,even ;;
     bf16) run bf16 "${SIZED[@]}" "${EQUAL[@]}" --dtype bfloat16 --codec 'int8,ef' ;;
     small) run small --size 4KiB --iters 10 "${EQUAL[@]}" --codec 'int8,ef' ;;
-    collnet) run collnet "${SIZED[@]}" "${EQUAL[@]}" --codec 'int8,ef' --collnet "$PLUGIN" ;;
+    collnet) run collnet "${SIZED[@]}" "${EQUAL[@]}" --codec 'int8,ef' --collnet "$PLUGIN" \
+               --region-links "$REGION_LINKS" ;;
     *) die "unknown case '$c' (equal, hetero, bf16, small, collnet)" ;;
   esac
 done
@@ -213,7 +217,8 @@ if "collnet" in cases:
     r = cn["time_s"] / lib["time_s"]
     row("#16", "collnet int8+ef vs library mode", cn["time_s"], lib["time_s"], r, cn["floor_s"],
         "<=1.2x library mode", r <= 1.2)
-    notes.append(f"collnet: {spread(cn)}; links busy {cn['link_busy_mean']:.0%}, "
+    notes.append(f"collnet: region links {j.get('region_links')}; {spread(cn)}; "
+                 f"links busy {cn['link_busy_mean']:.0%}, "
                  f"{cn['link_drops']} packets dropped; library mode "
                  f"{lib['time_s'] / lib['floor_s']:.2f}x its floor")
 
