@@ -162,9 +162,15 @@ std::vector<uint64_t> Gateway::Impl::EgressRates() {
     if (static_cast<int>(p) == rank || peers[p] == nullptr) continue;
     // A link that has carried only control messages (policy offers, pings) has a goodput
     // estimate of those few bytes, not of its capacity: unknown until it carried some data.
+    // The peak, not the smoothed goodput: an all-reduce keeps a link busy in bursts, and the
+    // smoothed figure of equal links read 4.2-5.9 MB/s at a 6.25 MB/s cap, enough for a split
+    // 6.2:3.3:5.2 that cost the next job's uncompressed all-reduce 12% (bench/README.md,
+    // "2026-12-07 (later)").
     const net::LinkEstimates e = peers[p]->Estimates();
-    if (!e.ended && e.goodput_bytes_per_s > 0 && e.bytes_acked >= kMinMeasuredBytes) {
-      rates[p] = static_cast<uint64_t>(std::llround(e.goodput_bytes_per_s));
+    const double rate =
+        e.peak_goodput_bytes_per_s > 0 ? e.peak_goodput_bytes_per_s : e.goodput_bytes_per_s;
+    if (!e.ended && rate > 0 && e.bytes_acked >= kMinMeasuredBytes) {
+      rates[p] = static_cast<uint64_t>(std::llround(rate));
     }
   }
   return rates;

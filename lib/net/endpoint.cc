@@ -364,7 +364,7 @@ StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(EndpointOptions options,
 namespace {
 
 // A bound, listening acceptor on the endpoint's io_context (not yet accepting: the I/O thread
-// starts that), and the port it got. `what` names the listener in errors.
+// starts that), and the port it got; Listen and ListenInRegion share it.
 StatusOr<std::pair<std::shared_ptr<tcp::acceptor>, uint16_t>> OpenAcceptor(
     asio::io_context& io, const std::string& address, uint16_t port) {
   asio::error_code ec;

@@ -26,6 +26,9 @@ namespace {
 constexpr int64_t kTickNs = 50'000'000;
 constexpr int64_t kGoodputWindowNs = 250'000'000;
 constexpr double kGoodputTauNs = 700'000'000;
+// LinkEstimates::peak_goodput_bytes_per_s: the best busy window of the last 10 s (BBR's
+// bottleneck-bandwidth filter is a windowed maximum for the same reason).
+constexpr int64_t kPeakGoodputHorizonNs = 10'000'000'000;
 // An adaptation round lasts max(kAdaptWindowNs, 10 RTT); after K changed, the new streams get
 // max(kSettleNs, 4 RTT) to leave slow start before a round measures them. 1.5 s: at 100 ms RTT
 // the start-up of four new BBR streams behind a per-flow policer disturbed the pool's goodput
@@ -113,6 +116,16 @@ void LinkCore::Tick() {
                                      : est_.goodput_bytes_per_s +
                                            alpha * (rate - est_.goodput_bytes_per_s);
       goodput_updated_ns_ = now;
+      // A window that was busy only part of the time, or whose acks came late, reads below
+      // what the link can carry; the windowed maximum does not, and it cannot read above the
+      // link's rate (samples are never shorter than their ack interval).
+      recent_windows_.emplace_back(now, rate);
+      while (recent_windows_.front().first < now - kPeakGoodputHorizonNs) {
+        recent_windows_.pop_front();
+      }
+      double peak = 0;
+      for (const auto& w : recent_windows_) peak = std::max(peak, w.second);
+      est_.peak_goodput_bytes_per_s = peak;
     }
     window_start_ns_ = now;
     window_rate_sum_ = 0;

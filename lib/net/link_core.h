@@ -30,12 +30,14 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <asio.hpp>
@@ -221,6 +223,9 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   double window_rate_sum_ = 0;  // delivery-rate samples of the current goodput window
   int window_samples_ = 0;
   bool window_busy_ = false;
+  // The busy windows' rates of the last kPeakGoodputHorizonNs (when, rate), oldest first: their
+  // maximum is LinkEstimates::peak_goodput_bytes_per_s.
+  std::deque<std::pair<int64_t, double>> recent_windows_;
   std::map<uint64_t, SentStamp> stamps_;
   uint64_t delivered_ = 0;
   int64_t delivered_ns_ = 0;
