@@ -77,8 +77,9 @@
 //
 // Plain region links. A region all-reduce moves twice each tensor between the region's own
 // gateways (reduce-scatter, all-gather), inside the datacenter, where NCCL's own traffic is not
-// encrypted either; TLS there costs CPU the WAN transfers need (CollNet measured 1.27x library
-// mode with plain links against 1.59x with TLS, bench/README.md). [region_links] transport = "plain"
+// encrypted either; TLS there costs CPU the WAN transfers need (CollNet, 3 regions x 2 gateways
+// on two cores: a median 1475 ms per 64 MiB with plain region links against 1713 ms with TLS,
+// bench/README.md "2026-12-07 (later)"). [region_links] transport = "plain"
 // moves those links to plain TCP on region_links.listen, a second listener that admits only the
 // addresses listed in [peers.<own region>] (which then name each gateway's region_links.listen) and
 // hellos naming this region; the WAN links stay on wan.listen with TLS. Nothing on it is
