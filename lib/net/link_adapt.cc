@@ -117,8 +117,9 @@ void LinkCore::Tick() {
                                            alpha * (rate - est_.goodput_bytes_per_s);
       goodput_updated_ns_ = now;
       // A window that was busy only part of the time, or whose acks came late, reads below
-      // what the link can carry; the windowed maximum does not, and it cannot read above the
-      // link's rate (samples are never shorter than their ack interval).
+      // what the link can carry; the windowed maximum does not, and reads little above the
+      // link's rate since samples are never shorter than their ack interval (22.2 Mbit/s on a
+      // 20 Mbit/s link with bulk both ways, tests/net/link_wan_test.cc).
       recent_windows_.emplace_back(now, rate);
       while (recent_windows_.front().first < now - kPeakGoodputHorizonNs) {
         recent_windows_.pop_front();
