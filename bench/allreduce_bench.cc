@@ -133,6 +133,12 @@ int RunOrchestrator(const Flags& f, const std::vector<uint64_t>& sizes,
   // TLS by default where the links are emulated WAN links (what a deployment runs); loopback
   // runs are demos and smoke tests, where plain TCP keeps the CPU for the gateways.
   s.tls = f.transport == "tls" || (f.transport == "auto" && s.emulated);
+  if (!f.collnet.empty() && f.region_links == "plain" && !s.tls) {
+    // straitd refuses [region_links] plain beside a plain WAN port, which admits anyone already.
+    return UsageError(kCommand, "--region-links",
+                      "plain needs TLS gateway links (the links are plain TCP already: --transport "
+                      "plain, or auto on loopback); add --transport tls");
+  }
   std::vector<std::string> pairs = f.pairs;
   // The NAT'd region's firewall: no TCP connection into it completes (its straitds dial).
   if (f.dial_only >= 0) pairs.push_back("*>" + std::to_string(f.dial_only) + "=syn=drop");

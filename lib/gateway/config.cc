@@ -270,7 +270,10 @@ Status CheckRegionGateways(Reader& peers, const toml::node& node, const std::str
                            ") and a region all-reduce needs every one; allowed: add shard_" +
                            std::to_string(k) + " = \"host:port\", or list fewer gateways");
   }
-  gateways.erase(c->shard_index);
+  if (auto self = gateways.find(c->shard_index); self != gateways.end()) {
+    c->region_self_entry = self->second;
+    gateways.erase(self);
+  }
   if (gateways.empty()) {
     return peers.Error(node.source(), path,
                        "lists no gateway of region " + c->region + " but this one; allowed: "
@@ -585,6 +588,13 @@ Status ReadRegionLinks(Reader& top, const std::string& file, GatewayConfig* c) {
                    "\"plain\" (plain TCP on region_links.listen, inside a trusted LAN)");
   }
   c->region_plain = transport == "plain";
+  if (c->region_plain && c->transport == net::Transport::kPlainTcp) {
+    return r.Error(r.Get("transport")->source(), "region_links.transport",
+                   "\"plain\" with wan.transport = \"plain\": the WAN port is plain TCP already "
+                   "and admits any address, so a second listener would protect nothing; allowed: "
+                   "remove [region_links] (the region's links then use wan.listen), or "
+                   "wan.transport = \"tls\"");
+  }
   if (c->region_plain && c->region_gateways.empty()) {
     return r.Error(r.Get("transport")->source(), "region_links.transport",
                    "\"plain\" for the links among region " + c->region +
@@ -615,6 +625,14 @@ Status ReadRegionLinks(Reader& top, const std::string& file, GatewayConfig* c) {
                    "found \"" + listen + "\", the port of wan.listen (" +
                        c->wan_listen.ToString() +
                        "); allowed: another port (the two listeners speak TLS and plain TCP)");
+  }
+  if (c->region_self_entry && (c->region_self_entry->port != hp->port ||
+                               (c->region_self_entry->host != hp->host && !wildcard(hp->host)))) {
+    return r.Error(r.Get("listen")->source(), "region_links.listen",
+                   "found \"" + listen + "\", but [peers." + c->region + "] gives this gateway (shard_" +
+                       std::to_string(c->shard_index) + ") \"" + c->region_self_entry->ToString() +
+                       "\", where the region's other gateways dial it; allowed: the same address "
+                       "in both");
   }
   c->region_listen = *hp;
   return Status::Ok();

@@ -181,6 +181,9 @@ struct GatewayConfig {
   // accepted on region_listen (set exactly then) and dialled at region_gateways' addresses.
   bool region_plain = false;
   std::optional<HostPort> region_listen;
+  // This gateway's own entry in [peers.<own region>] when listed (a [peers] section shared by
+  // every config): never dialled, but with plain region links it must name region_listen.
+  std::optional<HostPort> region_self_entry;
 
   // Links start at kDefaultLinkStreams streams (link.streams) and adapt from there.
   net::LinkOptions link = [] {

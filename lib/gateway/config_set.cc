@@ -2,7 +2,8 @@
 // single config can tell, because it is spread over the configs of a deployment -- a shard served
 // by two gateways of one region, both sides of a pair dial-only, a dial-only region its peers do
 // not mark (or one they mark that does not dial), regions that disagree on shard weights, a
-// region's gateways that disagree on plain region links.
+// region's gateways that disagree on plain region links or do not dial each other's
+// region_links.listen.
 #include <map>
 #include <set>
 #include <string>
@@ -83,6 +84,25 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
           ", of the same region " + c.region +
           ", so their region links never come up; fix: the same [region_links] in every "
           "gateway of the region");
+    }
+  }
+  // With plain region links, the region's other gateways dial each one at its
+  // region_links.listen: their [peers.<own region>] must name it (a wildcard listen, its port).
+  for (const GatewayConfig& c : configs) {
+    if (!c.region_listen) continue;
+    for (const GatewayConfig& p : configs) {
+      if (&p == &c || p.region != c.region) continue;
+      auto it = p.region_gateways.find(c.shard_index);
+      if (it == p.region_gateways.end()) continue;
+      const bool wildcard = c.region_listen->host == "0.0.0.0" || c.region_listen->host == "::";
+      if (it->second.port != c.region_listen->port ||
+          (!wildcard && it->second.host != c.region_listen->host)) {
+        return InvalidArgumentError(
+            FileOf(p) + ": peers." + c.region + ".shard_" + std::to_string(c.shard_index) + ": \"" +
+            it->second.ToString() + "\", but that gateway (" + FileOf(c) +
+            ") takes its plain region links on region_links.listen = \"" +
+            c.region_listen->ToString() + "\"; fix: name that address here");
+      }
     }
   }
   // Shard weights and chunk size: every region's gateways must configure the same (gateway.h).

@@ -252,13 +252,13 @@ class PolicyAgreement {
 //     messages), so the first round of the first job on fresh links runs even shards. Equal or
 //     nearly equal links (within kBalancedMinGainPercent of the even split) give equal weights
 //     too (plan.h). All-equal weights are the plain, unhashed operation id.
-//   - Which rate: net::LinkEstimates::peak_goodput_bytes_per_s, the best 250 ms window (of
-//     acknowledged bytes, among windows in which the link had data) of the last 10 s. The
+//   - Which rate: net::LinkEstimates::peak_goodput_bytes_per_s, the best of the last 40 250 ms
+//     windows (of acknowledged bytes) in which the link had data, 10 s of busy link. The
 //     smoothed goodput_bytes_per_s reads low wherever a link drains its share of an operation
 //     within part of a window, by different amounts on equal links (4.2-5.9 MB/s at a 6.25 MB/s
 //     cap after a zstd job), and gave splits that made equal links 12% slower; the peak of a
 //     kept-busy window is what the link can carry. A link that gets slower is followed within
-//     10 s; weights follow what links deliver under the job's own traffic.
+//     10 s of busy windows; weights follow what links deliver under the job's own traffic.
 //   - A gateway that misses a round (its operation failed before) could compute another chain;
 //     the weights are therefore also hashed into the operation id (gateway.cc), so operations
 //     with different splits never meet: a mismatch fails by the deadline, never a wrong sum.

@@ -174,14 +174,29 @@ void EndpointCore::AcceptNext(bool in_region) {
       const std::string peer = pec ? std::string("unknown peer")
                                    : remote.address().to_string() + ":" +
                                          std::to_string(remote.port());
-      self->MakeRoomForSetup();
-      // The in-region listener is plain TCP whatever the endpoint's transport.
-      auto stream = std::make_shared<StreamConn>(std::move(socket),
-                                                 in_region ? nullptr : self->tls(), peer);
-      stream->accepted_ns = MonotonicNanos();
-      stream->in_region = in_region;
-      ++self->setups_since_release_;
-      self->SetUpAccepted(std::move(stream));
+      // The in-region listener is plain TCP whatever the endpoint's transport, and nothing
+      // authenticates its streams but where they come from: others are refused before they
+      // take a setup slot (MakeRoomForSetup would evict a pending one for them).
+      const bool listed =
+          !pec && self->region_hosts_.count(UnmappedAddress(remote.address())) != 0;
+      if (in_region && !listed) {
+        auto stream = std::make_shared<StreamConn>(std::move(socket), nullptr, peer);
+        self->Refuse(stream,
+                     pec ? "its address cannot be read (" + pec.message() + ")"
+                         : "not a gateway of region '" + self->options_.region +
+                               "': the in-region listener admits only the region's gateway "
+                               "addresses (a gateway with several addresses must dial from "
+                               "the one listed)",
+                     &EndpointCounters::unknown_region);
+      } else {
+        self->MakeRoomForSetup();
+        auto stream = std::make_shared<StreamConn>(std::move(socket),
+                                                   in_region ? nullptr : self->tls(), peer);
+        stream->accepted_ns = MonotonicNanos();
+        stream->in_region = in_region;
+        ++self->setups_since_release_;
+        self->SetUpAccepted(std::move(stream));
+      }
     }
     self->AcceptNext(in_region);
   });
@@ -419,6 +434,13 @@ StatusOr<uint16_t> Endpoint::ListenInRegion(const std::string& address, uint16_t
   }
   if (hosts.empty()) {
     return InvalidArgumentError("an in-region listener needs the region's gateway addresses");
+  }
+  const std::vector<std::string>& peers = impl_->options.peer_regions;
+  if (std::find(peers.begin(), peers.end(), impl_->options.region) == peers.end()) {
+    return FailedPreconditionError("an in-region listener admits region '" +
+                                   impl_->options.region +
+                                   "' only, which is not among the endpoint's peer_regions; add "
+                                   "it there");
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->listening_in_region) {

@@ -14,10 +14,11 @@ struct LinkEstimates {
   // time constant (an idle link keeps its last estimate instead of decaying to zero).
   // 0 = not measured.
   double goodput_bytes_per_s = 0;
-  // The highest rate of those windows (before smoothing) among the ones of the last 10 s: what
-  // the link carried when it was kept busy, the better estimate of its capacity where
-  // the traffic comes in bursts (an all-reduce's phases) and windows are only partly used. Keeps
-  // its value while the link idles; follows a link that got slower within 10 s. 0 = not measured.
+  // The highest rate of those windows (before smoothing) among the last 40 of them, 10 s of
+  // busy link: what the link carried when it was kept busy, the better estimate of its capacity
+  // where traffic comes in bursts (an all-reduce's phases) and windows are only partly used.
+  // Keeps its value while the link idles; follows a link that got slower within 10 s of busy
+  // windows. 0 = not measured.
   double peak_goodput_bytes_per_s = 0;
   // Round-trip time from ping/pong records, which queue behind data in the stream (so this is
   // the RTT a chunk sees, not the path's: see PathRttNs in adapt.h). 0 = not measured yet.

@@ -254,15 +254,16 @@ class Endpoint {
                                           const std::string& address, uint16_t port,
                                           MessageCallback on_message);
 
-  // Plain TCP inside the region (straitd's `[region] transport = "plain"`): a region's own
+  // Plain TCP inside the region (straitd's `[region_links] transport = "plain"`): a region's own
   // gateways exchange 2x each tensor of a region all-reduce over their LAN, and TLS on that hop
   // costs CPU the WAN hop needs, where NCCL's own traffic inside the datacenter is plain as well.
   // ListenInRegion opens a second listener, without TLS, that admits only streams from one of
   // `region_hosts` (numeric IPs: the region's other gateways) whose hello names this endpoint's
   // own region; it must be bound to the LAN, as nothing on it is encrypted or authenticated
-  // beyond the source address. At most one. ConnectInRegion dials such a listener of a gateway
-  // of this endpoint's own region. A plain stream never joins a TLS link or the reverse.
-  // Thread-safe; neither blocks.
+  // beyond the source address (and a link's streams all come from one). The endpoint's own
+  // region must be among its peer_regions (else kFailedPrecondition). At most one.
+  // ConnectInRegion dials such a listener of a gateway of this endpoint's own region. A stream
+  // from one listener never joins a link set up over the other. Thread-safe; neither blocks.
   StatusOr<uint16_t> ListenInRegion(const std::string& address, uint16_t port,
                                     const std::vector<std::string>& region_hosts);
   StatusOr<std::shared_ptr<Link>> ConnectInRegion(const std::string& address, uint16_t port,

@@ -26,9 +26,10 @@ namespace {
 constexpr int64_t kTickNs = 50'000'000;
 constexpr int64_t kGoodputWindowNs = 250'000'000;
 constexpr double kGoodputTauNs = 700'000'000;
-// LinkEstimates::peak_goodput_bytes_per_s: the best busy window of the last 10 s (BBR's
-// bottleneck-bandwidth filter is a windowed maximum for the same reason).
-constexpr int64_t kPeakGoodputHorizonNs = 10'000'000'000;
+// LinkEstimates::peak_goodput_bytes_per_s: the best of the last 40 windows with data, 10 s of
+// busy link (BBR's bottleneck-bandwidth filter is a windowed maximum for the same reason).
+// Counted in busy windows, not in time, so that an idle spell keeps what was measured before it.
+constexpr size_t kPeakGoodputWindows = 40;
 // An adaptation round lasts max(kAdaptWindowNs, 10 RTT); after K changed, the new streams get
 // max(kSettleNs, 4 RTT) to leave slow start before a round measures them. 1.5 s: at 100 ms RTT
 // the start-up of four new BBR streams behind a per-flow policer disturbed the pool's goodput
@@ -120,13 +121,10 @@ void LinkCore::Tick() {
       // what the link can carry; the windowed maximum does not, and reads little above the
       // link's rate since samples are never shorter than their ack interval (22.2 Mbit/s on a
       // 20 Mbit/s link with bulk both ways, tests/net/link_wan_test.cc).
-      recent_windows_.emplace_back(now, rate);
-      while (recent_windows_.front().first < now - kPeakGoodputHorizonNs) {
-        recent_windows_.pop_front();
-      }
-      double peak = 0;
-      for (const auto& w : recent_windows_) peak = std::max(peak, w.second);
-      est_.peak_goodput_bytes_per_s = peak;
+      recent_windows_.push_back(rate);
+      if (recent_windows_.size() > kPeakGoodputWindows) recent_windows_.pop_front();
+      est_.peak_goodput_bytes_per_s =
+          *std::max_element(recent_windows_.begin(), recent_windows_.end());
     }
     window_start_ns_ = now;
     window_rate_sum_ = 0;

@@ -89,6 +89,8 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   const std::string& peer_region() const { return peer_region_; }
   const std::string& peer_name() const { return peer_name_; }
   bool in_region() const { return in_region_; }
+  // The peer's address: the one dialled, or where an accepted link's first stream came from.
+  const asio::ip::tcp::endpoint& address() const { return address_; }
   void set_on_message(MessageCallback cb) { on_message_ = std::move(cb); }
 
   // Starts the tick and, on a dialer, dials the initial pool.
@@ -223,9 +225,9 @@ class LinkCore : public std::enable_shared_from_this<LinkCore> {
   double window_rate_sum_ = 0;  // delivery-rate samples of the current goodput window
   int window_samples_ = 0;
   bool window_busy_ = false;
-  // The busy windows' rates of the last kPeakGoodputHorizonNs (when, rate), oldest first: their
-  // maximum is LinkEstimates::peak_goodput_bytes_per_s.
-  std::deque<std::pair<int64_t, double>> recent_windows_;
+  // The rates of the last kPeakGoodputWindows windows with data, oldest first: their maximum is
+  // LinkEstimates::peak_goodput_bytes_per_s.
+  std::deque<double> recent_windows_;
   std::map<uint64_t, SentStamp> stamps_;
   uint64_t delivered_ = 0;
   int64_t delivered_ns_ = 0;

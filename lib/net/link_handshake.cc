@@ -199,17 +199,6 @@ void EndpointCore::SetUpAccepted(std::shared_ptr<StreamConn> stream) {
     STRAIT_LOG(kWarn, "net") << stream->peer() << ": socket options: " << s;
   }
   auto self = shared_from_this();
-  if (stream->in_region) {
-    // Nothing authenticates a plain stream but where it comes from.
-    asio::error_code ec;
-    const tcp::endpoint remote = stream->Lowest().remote_endpoint(ec);
-    if (ec || region_hosts_.count(UnmappedAddress(remote.address())) == 0) {
-      return Refuse(stream,
-                    "not a gateway of region '" + options_.region +
-                        "' (the in-region listener admits only the region's gateway addresses)",
-                    &EndpointCounters::unknown_region);
-    }
-  }
   if (stream->tls() == nullptr) return ReadHello(std::move(stream), "");
   stream->tls()->async_handshake(
       asio::ssl::stream_base::server, [self, stream](const asio::error_code& ec) {
@@ -274,8 +263,8 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
       if (stream->in_region && hello.region != self->options_.region) {
         return self->Refuse(stream,
                             "hello claims region '" + hello.region +
-                                "' on the listener for region '" + self->options_.region +
-                                "''s own gateways (plain TCP admits only them)",
+                                "' on the plain listener for the gateways of region '" +
+                                self->options_.region + "' (it admits only them)",
                             &EndpointCounters::identity_mismatch);
       }
       // Find or create the link this stream belongs to.
@@ -283,13 +272,25 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
       std::shared_ptr<LinkCore> link;
       if (auto it = self->sessions_.find(key); it != self->sessions_.end()) {
         link = it->second;
-        // A plain stream must not join a link set up over TLS (nor the reverse): its session id
-        // would be all a plain peer needs to read and inject the link's messages.
+        // A plain stream must not join a link set up over the WAN listener (nor the reverse):
+        // its session id would be all a plain peer needs to read and inject the link's
+        // messages. And a plain link's streams all come from the address of its first one, so
+        // that one listed gateway cannot join another's link.
         if (link->in_region() != stream->in_region) {
           return self->Refuse(stream,
-                              std::string("a ") + (stream->in_region ? "plain in-region" : "TLS") +
-                                  " stream for a link set up over " +
-                                  (link->in_region() ? "the plain in-region listener" : "TLS"),
+                              std::string("a stream from the ") +
+                                  (stream->in_region ? "in-region" : "WAN") +
+                                  " listener for a link set up over the " +
+                                  (link->in_region() ? "in-region" : "WAN") + " listener",
+                              &EndpointCounters::identity_mismatch);
+        }
+        asio::error_code aec;
+        const tcp::endpoint from = stream->Lowest().remote_endpoint(aec);
+        if (stream->in_region &&
+            (aec || UnmappedAddress(from.address()) != UnmappedAddress(link->address().address()))) {
+          return self->Refuse(stream,
+                              "a plain stream for a link of another address (" +
+                                  link->address().address().to_string() + ")",
                               &EndpointCounters::identity_mismatch);
         }
       } else if (hello.flags & kHelloResume) {

@@ -374,6 +374,8 @@ TEST(AllReduceBench, CollNetRowDrivesThePluginAndIsCheckedLikeLibraryMode) {
     args[3] = "2MiB";  // --size: with --collnet-chunk 512KiB, four iallreduces per head
     args.insert(args.end(), {"--dtype", dtype, "--collnet", STRAIT_PLUGIN_BINARY, "--collnet-chunk",
                              "512KiB", "--region-links", region_links});
+    // Plain region links beside TLS ones between regions (on loopback the default is plain).
+    if (region_links == "plain") args.insert(args.end(), {"--transport", "tls"});
     const auto r = RunBench(args);
     ASSERT_EQ(r.code, 0) << dtype << " " << region_links << ": " << r.out;
     const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
@@ -421,6 +423,12 @@ TEST(AllReduceBench, CollNetFlagsAreCheckedBeforeAnythingStarts) {
   const auto l = strait::test::RunCaptured(links);
   EXPECT_EQ(l.code, 2);
   EXPECT_NE(l.err.find("--region-links"), std::string::npos) << l.err;
+  // Plain region links beside plain links between regions: refused before anything starts.
+  links.back() = "plain";
+  const auto p = strait::test::RunCaptured(links);
+  EXPECT_EQ(p.code, 2);
+  EXPECT_NE(p.err.find("--region-links: plain needs TLS gateway links"), std::string::npos)
+      << p.err;
 }
 #endif
 

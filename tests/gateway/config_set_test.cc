@@ -139,10 +139,32 @@ TEST(ConfigSet, ARegionsGatewaysMustAgreeOnPlainRegionLinks) {
   auto plain = [](const std::string& host) {
     return "[region_links]\ntransport = \"plain\"\nlisten = \"" + host + ":7401\"\n";
   };
-  const GatewayConfig a0 = Config("a0.toml", "a", "shard_index = 0", own, "", plain("10.1.0.1"));
-  const GatewayConfig a1 = Config("a1.toml", "a", "shard_index = 1", own, "", plain("10.1.0.2"));
-  const GatewayConfig a1_tls = Config("a1.toml", "a", "shard_index = 1", own);
+  // Plain region links need a TLS WAN port (a plain one admits anyone already).
+  auto tls_config = [](const std::string& file, int shard, const std::string& peers,
+                       const std::string& tail) {
+    const std::string text = "region = \"a\"\nshard_index = " + std::to_string(shard) +
+                             "\n[local]\nsocket = \"/run/strait/s.sock\"\nallowed_uids = [1000]\n"
+                             "[wan]\nlisten = \"0.0.0.0:7400\"\n[tls]\nca = \"/ca.pem\"\n"
+                             "cert = \"/gw.pem\"\nkey = \"/gw.key\"\n" + peers + tail;
+    auto c = ParseConfig(text, file);
+    EXPECT_TRUE(c.ok()) << c.status() << "\n" << text;
+    return c.ok() ? *c : GatewayConfig{};
+  };
+  const GatewayConfig a0 = tls_config("a0.toml", 0, own, plain("10.1.0.1"));
+  const GatewayConfig a1 = tls_config("a1.toml", 1, own, plain("10.1.0.2"));
+  const GatewayConfig a1_tls = tls_config("a1.toml", 1, own, "");
   EXPECT_TRUE(CheckConfigSet({a0, a1}).ok()) << CheckConfigSet({a0, a1});
+  // a1 still dials a0 at its WAN port.
+  const std::string stale = "[peers.a]\nshard_0 = \"10.1.0.1:7400\"\nshard_1 = \"10.1.0.2:7401\"\n"
+                            "[peers.b]\nshard_0 = \"10.2.0.1:7400\"\nshard_1 = \"10.2.0.2:7400\"\n";
+  const GatewayConfig a1_stale = tls_config("a1.toml", 1, stale, plain("10.1.0.2"));
+  const Status wrong = CheckConfigSet({a0, a1_stale});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("a1.toml: peers.a.shard_0: \"10.1.0.1:7400\", but that gateway "
+                                 "(a0.toml) takes its plain region links on region_links.listen = "
+                                 "\"10.1.0.1:7401\""),
+            std::string::npos)
+      << wrong;
   const Status s = CheckConfigSet({a0, a1_tls});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("a1.toml: region_links.transport: \"tls\" but \"plain\" in a0.toml, "

@@ -146,6 +146,9 @@ TEST(GatewayConfig, RegionLinksMayBePlainOnAListenerOfTheirOwn) {
        "region_links.listen: found \"lan0:7401\""},
       {"[region_links]\nlisten_on = \"10.0.0.2:7401\"\n",
        "region_links.listen_on: unknown key; allowed keys here: transport, listen"},
+      {"[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.9:7401\"\n",
+       "region_links.listen: found \"10.0.0.9:7401\", but [peers.us-east] gives this gateway "
+       "(shard_1) \"10.0.0.2:7401\""},
   };
   for (const auto& b : bad) {
     auto c = with(b.text);
@@ -153,6 +156,21 @@ TEST(GatewayConfig, RegionLinksMayBePlainOnAListenerOfTheirOwn) {
     EXPECT_NE(c.status().message().find(b.expect), std::string::npos)
         << b.text << "\n" << c.status().message();
   }
+  // A wildcard listen on the listed port is the listed address.
+  EXPECT_TRUE(with("[region_links]\ntransport = \"plain\"\nlisten = \"0.0.0.0:7401\"\n").ok());
+  // With a plain WAN port a second, plain listener would protect nothing.
+  std::string plain_wan = own;
+  const size_t tls_at = plain_wan.find("[tls]");
+  plain_wan.erase(tls_at, plain_wan.find("[peers.eu-west]") - tls_at);
+  plain_wan.replace(plain_wan.find("listen = \"0.0.0.0:7400\""), 23,
+                    "listen = \"0.0.0.0:7400\"\ntransport = \"plain\"");
+  auto both = ParseConfig(
+      plain_wan + "[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.2:7401\"\n", "f.toml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("region_links.transport: \"plain\" with wan.transport = "
+                                         "\"plain\""),
+            std::string::npos)
+      << both.status().message();
   // Plain region links with no region gateways to link to.
   auto lonely = ParseConfig(
       std::string(kGood) + "[region_links]\ntransport = \"plain\"\nlisten = \"10.0.0.2:7401\"\n",

@@ -95,6 +95,22 @@ TEST_F(NetLink, InRegionListenerAdmitsOnlyItsRegionFromListedAddresses) {
   EXPECT_EQ(elsewhere.endpoint->Counters().links_accepted, 0u);
 }
 
+TEST_F(NetLink, InRegionListenerOnIpv6AnyAdmitsListedIpv4Gateways) {
+  // A dual-stack listener sees an IPv4 peer as ::ffff:127.0.0.1; the listed 127.0.0.1 is it.
+  Server server;
+  ASSERT_TRUE(server.Start(Options("us", us_, {"us"})).ok());
+  auto region_port = server.endpoint->ListenInRegion("::", 0, {"127.0.0.1"});
+  if (!region_port.ok()) GTEST_SKIP() << "no IPv6 here: " << region_port.status();
+  auto neighbour = Endpoint::Create(Options("us", us_, {"us"}), nullptr);
+  ASSERT_TRUE(neighbour.ok());
+  auto link = (*neighbour)->ConnectInRegion("127.0.0.1", *region_port, nullptr);
+  ASSERT_TRUE(link.ok());
+  ASSERT_TRUE((*link)->WaitForStreams(4, Deadline::AfterSeconds(10)).ok())
+      << "unknown_region " << server.endpoint->Counters().unknown_region;
+  EXPECT_TRUE((*link)->SendAndWait(1, Pattern(4096, 2), Deadline::AfterSeconds(10)).ok());
+  EXPECT_EQ(server.endpoint->Counters().unknown_region, 0u);
+}
+
 TEST_F(NetLink, ListenInRegionRefusesBadArguments) {
   auto e = Endpoint::Create(Options("us", us_, {"us"}), nullptr);
   ASSERT_TRUE(e.ok());
@@ -105,6 +121,11 @@ TEST_F(NetLink, ListenInRegionRefusesBadArguments) {
   EXPECT_NE(named.status().message().find("gateway-1.lan"), std::string::npos);
   auto bad_address = (*e)->ListenInRegion("localhost", 0, {"127.0.0.1"});
   EXPECT_EQ(bad_address.status().code(), StatusCode::kInvalidArgument);
+  // Its own region must be a configured peer, or every in-region stream would be refused.
+  auto lonely = Endpoint::Create(Options("us", us_, {"eu"}), nullptr);
+  ASSERT_TRUE(lonely.ok());
+  auto not_peer = (*lonely)->ListenInRegion("127.0.0.1", 0, {"127.0.0.1"});
+  EXPECT_EQ(not_peer.status().code(), StatusCode::kFailedPrecondition) << not_peer.status();
   ASSERT_TRUE((*e)->ListenInRegion("127.0.0.1", 0, {"127.0.0.1"}).ok());
   auto twice = (*e)->ListenInRegion("127.0.0.1", 0, {"127.0.0.1"});
   EXPECT_EQ(twice.status().code(), StatusCode::kFailedPrecondition) << twice.status();

@@ -585,7 +585,7 @@ TEST_F(NetLinkWan, GoodputEstimateFollowsDeliveryWithBulkBothWays) {
   EXPECT_GE(mean_in, rate_in / 1.5);
   EXPECT_LE(max_out, 2 * rate_out);
   EXPECT_LE(max_in, 2 * rate_in);
-  // The peak (what shard weights use) is the best window of the last 10 s: about what the link
+  // The peak (what shard weights use) is the best of the last 40 busy windows: about what the link
   // delivered on average or more, and little above the 20 Mbit/s it has (read 22.2 once).
   const LinkEstimates e_out = (*link)->Estimates(), e_in = back->Estimates();
   std::printf("peak eu->us %.1f Mbit/s, us->eu %.1f Mbit/s\n",
