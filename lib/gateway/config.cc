@@ -618,16 +618,14 @@ Status ReadRegionLinks(Reader& top, const std::string& file, GatewayConfig* c) {
     return r.Error(r.Get("listen")->source(), "region_links.listen",
                    "found \"" + listen + "\"; " + hp.status().message());
   }
-  const auto wildcard = [](const std::string& host) { return host == "0.0.0.0" || host == "::"; };
   if (hp->port == c->wan_listen.port &&
-      (hp->host == c->wan_listen.host || wildcard(hp->host) || wildcard(c->wan_listen.host))) {
+      (hp->host == c->wan_listen.host || hp->IsWildcard() || c->wan_listen.IsWildcard())) {
     return r.Error(r.Get("listen")->source(), "region_links.listen",
                    "found \"" + listen + "\", the port of wan.listen (" +
                        c->wan_listen.ToString() +
                        "); allowed: another port (the two listeners speak TLS and plain TCP)");
   }
-  if (c->region_self_entry && (c->region_self_entry->port != hp->port ||
-                               (c->region_self_entry->host != hp->host && !wildcard(hp->host)))) {
+  if (c->region_self_entry && !hp->Accepts(*c->region_self_entry)) {
     return r.Error(r.Get("listen")->source(), "region_links.listen",
                    "found \"" + listen + "\", but [peers." + c->region + "] gives this gateway (shard_" +
                        std::to_string(c->shard_index) + ") \"" + c->region_self_entry->ToString() +

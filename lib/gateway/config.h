@@ -112,6 +112,13 @@ struct HostPort {
   std::string host;
   uint16_t port = 0;
   std::string ToString() const;
+  // Whether this names every address of the host ("0.0.0.0", "::"), as a listen address may.
+  bool IsWildcard() const { return host == "0.0.0.0" || host == "::"; }
+  // Whether a peer dialling `dialled` reaches a listener bound here: the same port, and the same
+  // host unless this one is a wildcard.
+  bool Accepts(const HostPort& dialled) const {
+    return port == dialled.port && (IsWildcard() || host == dialled.host);
+  }
 };
 // Parses "host:port" / "[v6]:port" with a numeric host; the error says what is accepted.
 StatusOr<HostPort> ParseHostPort(std::string_view text);

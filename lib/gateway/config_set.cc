@@ -94,9 +94,7 @@ Status CheckConfigSet(const std::vector<GatewayConfig>& configs) {
       if (&p == &c || p.region != c.region) continue;
       auto it = p.region_gateways.find(c.shard_index);
       if (it == p.region_gateways.end()) continue;
-      const bool wildcard = c.region_listen->host == "0.0.0.0" || c.region_listen->host == "::";
-      if (it->second.port != c.region_listen->port ||
-          (!wildcard && it->second.host != c.region_listen->host)) {
+      if (!c.region_listen->Accepts(it->second)) {
         return InvalidArgumentError(
             FileOf(p) + ": peers." + c.region + ".shard_" + std::to_string(c.shard_index) + ": \"" +
             it->second.ToString() + "\", but that gateway (" + FileOf(c) +

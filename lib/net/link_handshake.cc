@@ -284,14 +284,15 @@ void EndpointCore::ReadHello(std::shared_ptr<StreamConn> stream, std::string cer
                                   (link->in_region() ? "in-region" : "WAN") + " listener",
                               &EndpointCounters::identity_mismatch);
         }
-        asio::error_code aec;
-        const tcp::endpoint from = stream->Lowest().remote_endpoint(aec);
-        if (stream->in_region &&
-            (aec || UnmappedAddress(from.address()) != UnmappedAddress(link->address().address()))) {
-          return self->Refuse(stream,
-                              "a plain stream for a link of another address (" +
-                                  link->address().address().to_string() + ")",
-                              &EndpointCounters::identity_mismatch);
+        if (stream->in_region) {
+          asio::error_code aec;
+          const tcp::endpoint from = stream->Lowest().remote_endpoint(aec);
+          if (aec || UnmappedAddress(from.address()) != UnmappedAddress(link->address().address())) {
+            return self->Refuse(stream,
+                                "a plain stream for a link of another address (" +
+                                    link->address().address().to_string() + ")",
+                                &EndpointCounters::identity_mismatch);
+          }
         }
       } else if (hello.flags & kHelloResume) {
         // A redial of a link this process never had: it restarted (or forgot a failed link).
