@@ -178,11 +178,9 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     std::vector<collective::NetTransport::Receiver> receivers = g.receivers;
     auto endpoint = net::Endpoint::Create(eo, [receivers, self](std::shared_ptr<net::Link>) {
       return net::MessageCallback([receivers, self](uint32_t channel, std::vector<uint8_t> msg) {
-        if (msg.size() >= collective::kNetTransportHeaderSize) {
-          const uint32_t sender = GetU32(&msg[4]);
-          if (sender < receivers.size() && static_cast<int>(sender) != self) {
-            receivers[sender](channel, std::move(msg));
-          }
+        const int sender = collective::NetMessageSender(msg);
+        if (sender >= 0 && static_cast<size_t>(sender) < receivers.size() && sender != self) {
+          receivers[static_cast<size_t>(sender)](channel, std::move(msg));
         }
       });
     });

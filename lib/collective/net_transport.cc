@@ -1,4 +1,4 @@
-// NetTransport: frames collective messages with a 24-byte header and sorts what arrives into
+// NetTransport: frames collective messages with a 24-byte trailer and sorts what arrives into
 // a mailbox keyed by (peer, tag); aborts and hellos are handled on arrival. The only file of
 // strait::collective that uses strait::net.
 #include "collective/net_transport.h"
@@ -40,6 +40,12 @@ uint64_t NewIncarnation() {
 }
 
 }  // namespace
+
+int NetMessageSender(const std::vector<uint8_t>& message) {
+  if (message.size() < kNetTransportTrailerSize) return -1;
+  const uint32_t rank = GetU32(message.data() + message.size() - kNetTransportTrailerSize + 4);
+  return rank > static_cast<uint32_t>(INT32_MAX) ? -1 : static_cast<int>(rank);
+}
 
 struct NetTransport::Shared {
   Shared(int size, std::function<std::string(int)> name)
@@ -126,16 +132,19 @@ NetTransport::Receiver NetTransport::ReceiverFor(int peer, Receiver other) {
       return;
     }
     std::string problem;
-    if (message.size() < kNetTransportHeaderSize) {
-      problem = "a " + std::to_string(message.size()) + "-byte message, shorter than the header";
-    } else if (message[0] != kNetTransportVersion) {
-      problem = "collective message version " + std::to_string(message[0]) +
+    const uint8_t* trailer = message.size() < kNetTransportTrailerSize
+                                 ? nullptr
+                                 : message.data() + message.size() - kNetTransportTrailerSize;
+    if (trailer == nullptr) {
+      problem = "a " + std::to_string(message.size()) + "-byte message, shorter than the trailer";
+    } else if (trailer[0] != kNetTransportVersion) {
+      problem = "collective message version " + std::to_string(trailer[0]) +
                 " (this build speaks " + std::to_string(kNetTransportVersion) +
                 "; upgrade the older side)";
-    } else if (GetU32(&message[4]) != static_cast<uint32_t>(peer)) {
-      problem = "a message claiming sender rank " + std::to_string(GetU32(&message[4])) +
+    } else if (GetU32(trailer + 4) != static_cast<uint32_t>(peer)) {
+      problem = "a message claiming sender rank " + std::to_string(GetU32(trailer + 4)) +
                 " (rank numbering differs between the gateways' configurations)";
-    } else if (GetU64(&message[16]) == 0) {
+    } else if (GetU64(trailer + 16) == 0) {
       problem = "a message with incarnation 0";
     }
     if (!problem.empty()) {
@@ -143,24 +152,25 @@ NetTransport::Receiver NetTransport::ReceiverFor(int peer, Receiver other) {
       shared->mailbox.FailPeer(peer, DataLossError(name + " sent " + problem));
       return;
     }
-    const uint8_t kind = message[1];
+    const uint8_t kind = trailer[1];
     if (kind > static_cast<uint8_t>(NetMessageKind::kHello)) {
       STRAIT_LOG(kWarn, kLog) << name << " sent a collective message of kind " << int{kind}
                               << ", unknown to this build; dropped (upgrade this gateway)";
       return;
     }
-    if (!shared->Admit(peer, GetU64(&message[16]), name)) return;  // from a dead incarnation
-    const uint64_t tag = GetU64(&message[8]);
+    if (!shared->Admit(peer, GetU64(trailer + 16), name)) return;  // from a dead incarnation
+    const uint64_t tag = GetU64(trailer + 8);
+    // Shrinking keeps the buffer: the payload stays where it arrived.
+    message.resize(message.size() - kNetTransportTrailerSize);
     switch (static_cast<NetMessageKind>(kind)) {
       case NetMessageKind::kData:
-        message.erase(message.begin(), message.begin() + kNetTransportHeaderSize);
         shared->mailbox.Deliver(peer, tag, std::move(message));
         return;
       case NetMessageKind::kHello:
         return;
       case NetMessageKind::kAbort: {
-        const uint8_t* body = message.data() + kNetTransportHeaderSize;
-        const size_t size = message.size() - kNetTransportHeaderSize;
+        const uint8_t* body = message.data();
+        const size_t size = message.size();
         if (size < 4 || GetU32(body) > size - 4) {
           STRAIT_LOG(kWarn, kLog) << name << " sent a malformed abort";
           shared->mailbox.FailPeer(peer, DataLossError(name + " sent a malformed abort message"));
@@ -226,8 +236,11 @@ size_t NetTransport::BufferedMessages() const { return shared_->mailbox.Buffered
 
 const Mailbox& NetTransport::mailbox() const { return shared_->mailbox; }
 
-void NetTransport::WriteHeader(NetMessageKind kind, uint64_t tag, uint8_t* out) const {
-  std::memset(out, 0, kNetTransportHeaderSize);
+void NetTransport::AppendTrailer(NetMessageKind kind, uint64_t tag,
+                                 std::vector<uint8_t>* message) const {
+  const size_t at = message->size();
+  message->resize(at + kNetTransportTrailerSize);  // zero-fills the reserved bytes
+  uint8_t* out = message->data() + at;
   out[0] = kNetTransportVersion;
   out[1] = static_cast<uint8_t>(kind);
   PutU32(out + 4, static_cast<uint32_t>(rank_));
@@ -238,12 +251,10 @@ void NetTransport::WriteHeader(NetMessageKind kind, uint64_t tag, uint8_t* out) 
 void NetTransport::SendOn(const std::shared_ptr<net::Link>& link, int peer, NetMessageKind kind,
                           uint64_t tag, const uint8_t* payload, size_t size, uint32_t lane,
                           Deadline deadline, SendDone done) {
-  // Header and payload appended (not a zero-filled buffer written over).
   std::vector<uint8_t> message;
-  message.reserve(kNetTransportHeaderSize + size);
-  message.resize(kNetTransportHeaderSize);
-  WriteHeader(kind, tag, message.data());
-  if (size > 0) message.insert(message.end(), payload, payload + size);
+  message.reserve(size + kNetTransportTrailerSize);
+  if (size > 0) message.assign(payload, payload + size);
+  AppendTrailer(kind, tag, &message);
   SendMessage(link, peer, std::move(message), lane, deadline, std::move(done));
 }
 
@@ -285,15 +296,10 @@ void NetTransport::Send(int peer, uint64_t tag, std::vector<uint8_t> bytes, Dead
   }
   // The op id's lane picks the channel (see the constructor).
   const uint32_t lane = static_cast<uint32_t>(OpOfTag(tag) % channels_);
-  if (bytes.capacity() - bytes.size() >= kNetTransportHeaderSize) {
-    // The sender left room (kSendHeadroom): the header goes in front within the same buffer.
-    bytes.insert(bytes.begin(), kNetTransportHeaderSize, uint8_t{0});
-    WriteHeader(NetMessageKind::kData, tag, bytes.data());
-    SendMessage(link, peer, std::move(bytes), lane, deadline, std::move(done));
-    return;
-  }
-  SendOn(link, peer, NetMessageKind::kData, tag, bytes.data(), bytes.size(), lane, deadline,
-         std::move(done));
+  // Within the capacity the sender left (kSendHeadroom) the trailer is written in place; a
+  // message without it is moved once into a larger buffer by the vector.
+  AppendTrailer(NetMessageKind::kData, tag, &bytes);
+  SendMessage(link, peer, std::move(bytes), lane, deadline, std::move(done));
 }
 
 Status NetTransport::Recv(int peer, uint64_t tag, Deadline deadline, std::vector<uint8_t>* out) {

@@ -1,26 +1,32 @@
 // A Transport over strait::net links: how gateways run the collective across regions.
 //
 // Each rank is a gateway; rank i talks to rank j over one net::Link (a TLS stream pool), using
-// link channels reserved for collective traffic. A message is a 24-byte header and a payload:
-//   off size field (little-endian)
-//     0    1 version (kNetTransportVersion = 3)
+// link channels reserved for collective traffic. A message is a payload and a 24-byte trailer:
+//   off (from the trailer's start) size field (little-endian)
+//     0    1 version (kNetTransportVersion = 4)
 //     1    1 kind: 0 = data, 1 = abort, 2 = hello (explicit values, never renumbered)
 //     2    2 reserved, zero
 //     4    4 the sender's rank
 //     8    8 data: the tag; abort: the op id; hello: zero
 //    16    8 the sender's incarnation (random, nonzero, new each time the process starts)
-//    24    . data: the payload; abort: u32 reason length, the reason (UTF-8), then the note
-//              (the rest); hello: nothing
-// A message with another version, a wrong sender rank, a zero incarnation or a short header is a
+// before it: data: the payload; abort: u32 reason length, the reason (UTF-8), then the note (the
+// rest); hello: nothing (a hello is the trailer alone).
+// The framing sits behind the payload so that neither side moves the payload: the sender appends
+// it within the spare capacity the producer left (kSendHeadroom), the receiver cuts it off by
+// shrinking the message. (In front, as in version 3, it cost a pass over every payload on each
+// side: 4-5% of straitd's CPU in the CollNet bench of 2026-12-07, bench/README.md.)
+// A message with another version, a wrong sender rank, a zero incarnation or a short trailer is a
 // protocol error: that peer is marked failed (kDataLoss), so the waits on it end at once with the
 // reason. A kind this build does not know is dropped with a warning (so that later versions may
 // add kinds without breaking this one). Messages to this rank itself never touch the network.
 //
 // Wire versions: version 1 (the first straitd slice, never released) had a 16-byte header
-// without the incarnation and only kind 0. Version 3 has version 2's layout; it changed what op
+// without the incarnation and only kind 0. Version 3 had version 2's layout; it changed what op
 // ids mean (the gateway's operation identities, gateway/generation.h, replaced its numbering),
-// so gateways of versions 2 and 3 refuse each other instead of never pairing. A version-1 peer and this build refuse each other's
-// messages with a version error naming both versions; upgrade every gateway of a shard together.
+// so gateways of versions 2 and 3 refuse each other instead of never pairing. Version 4 moved the
+// same 24 bytes from the front to the back. Versions 3 and 4 refuse each other on the hello each
+// side sends on every new link (a hello is 24 bytes, the same bytes in either version, so each
+// reads the other's version number and names both); upgrade every gateway of a shard together.
 //
 // Aborts (kind 1): Abort(op, why, note) sends one to every peer with a link. The receiver's
 // mailbox forgets that op (its buffered and late messages are dropped, see Mailbox) and its
@@ -68,14 +74,18 @@ class Link;
 
 namespace strait::collective {
 
-inline constexpr uint8_t kNetTransportVersion = 3;
-inline constexpr size_t kNetTransportHeaderSize = 24;
-static_assert(kSendHeadroom >= kNetTransportHeaderSize, "senders leave room for the header");
+inline constexpr uint8_t kNetTransportVersion = 4;
+inline constexpr size_t kNetTransportTrailerSize = 24;
+static_assert(kSendHeadroom >= kNetTransportTrailerSize, "senders leave room for the trailer");
 enum class NetMessageKind : uint8_t {
   kData = 0,
   kAbort = 1,
   kHello = 2,
 };
+// The sender rank a framed message's trailer names, unchecked (the receiver for that rank checks
+// the rest); -1 for a message shorter than the trailer. For a region's accepted links, whose
+// messages go to the receiver of the rank they name.
+int NetMessageSender(const std::vector<uint8_t>& message);
 // Abort reasons and notes longer than these are cut.
 inline constexpr size_t kMaxAbortReasonBytes = 1024;
 inline constexpr size_t kMaxAbortNoteBytes = 4096;
@@ -152,9 +162,9 @@ class NetTransport final : public Transport {
   void SendOn(const std::shared_ptr<net::Link>& link, int peer, NetMessageKind kind,
               uint64_t tag, const uint8_t* payload, size_t size, uint32_t lane,
               Deadline deadline, SendDone done);
-  // The kNetTransportHeaderSize-byte header of a message of `kind` under `tag`, into `out`.
-  void WriteHeader(NetMessageKind kind, uint64_t tag, uint8_t* out) const;
-  // Sends a framed message (header in front) on the lane's channel; a dead link fails the peer.
+  // Appends the trailer of a message of `kind` under `tag` to `message`.
+  void AppendTrailer(NetMessageKind kind, uint64_t tag, std::vector<uint8_t>* message) const;
+  // Sends a framed message (trailer behind) on the lane's channel; a dead link fails the peer.
   void SendMessage(const std::shared_ptr<net::Link>& link, int peer, std::vector<uint8_t> message,
                    uint32_t lane, Deadline deadline, SendDone done);
 };

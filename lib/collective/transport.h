@@ -35,9 +35,9 @@ namespace strait::collective {
 // it must not block.
 using SendDone = std::function<void(Status)>;
 
-// Spare capacity in front of nothing: a message whose vector has at least this much capacity
-// beyond its size lets a transport that frames messages (NetTransport) put its header in front
-// within the same buffer instead of copying the message into a new one. Large messages built
+// Spare capacity behind the message: a message whose vector has at least this much capacity
+// beyond its size lets a transport that frames messages (NetTransport) append its trailer within
+// the same buffer instead of copying the message into a new one. Large messages built
 // per operation reserve it: a fresh multi-MiB buffer costs its page faults, which on a busy VM
 // took 5-10 ms per MiB.
 inline constexpr size_t kSendHeadroom = 32;

@@ -24,15 +24,13 @@ constexpr const char* kLog = "gateway";
 
 net::MessageCallback Gateway::Impl::RegionReceiver() {
   return [this](uint32_t channel, std::vector<uint8_t> message) {
-    // NetTransport's header names the sender's rank in bytes 4..7 (net_transport.h); that
-    // rank's receiver checks the rest, the rank included.
-    if (message.size() >= collective::kNetTransportHeaderSize) {
-      const uint32_t sender = GetU32(message.data() + 4);
-      if (sender < region_state.receivers.size() &&
-          static_cast<int>(sender) != config.shard_index) {
-        region_state.receivers[sender](channel, std::move(message));
-        return;
-      }
+    // NetTransport's trailer names the sender's rank (net_transport.h); that rank's receiver
+    // checks the rest, the rank included.
+    const int sender = collective::NetMessageSender(message);
+    if (sender >= 0 && static_cast<size_t>(sender) < region_state.receivers.size() &&
+        sender != config.shard_index) {
+      region_state.receivers[static_cast<size_t>(sender)](channel, std::move(message));
+      return;
     }
     STRAIT_LOG(kWarn, kLog) << "dropped a " << message.size() << "-byte message on channel "
                             << channel << " from a gateway of region " << config.region

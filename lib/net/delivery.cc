@@ -304,27 +304,38 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
           std::to_string(max_partial_bytes_) + " (max_partial_bytes)");
     }
     Partial partial;
-    partial.data.resize(header.message_length);
+    partial.data.reserve(header.message_length);
+    partial.length = header.message_length;
     it = channel.messages.emplace(header.message_id, std::move(partial)).first;
     ++partial_count_;
     partial_bytes_ += header.message_length;
   }
   Partial& partial = it->second;
-  if (partial.data.size() != header.message_length || partial.complete) {
+  if (partial.length != header.message_length || partial.complete) {
     return DataLossError("chunk " + std::to_string(header.seq) +
                          " disagrees with earlier chunks of message " +
                          std::to_string(header.message_id) + " on channel " +
                          std::to_string(header.channel));
   }
-  if (payload.size() > partial.data.size() - partial.received) {
+  const auto overlap = [&] {
     return DataLossError("chunks of message " + std::to_string(header.message_id) +
                          " on channel " + std::to_string(header.channel) + " overlap");
-  }
+  };
+  if (payload.size() > partial.length - partial.received) return overlap();
   if (!payload.empty()) {
-    std::memcpy(partial.data.data() + header.offset, payload.data(), payload.size());
+    std::vector<uint8_t>& data = partial.data;
+    const size_t offset = header.offset;
+    if (offset > data.size()) data.resize(offset);  // a gap: an earlier chunk is still coming
+    const size_t inside = std::min(payload.size(), data.size() - offset);
+    if (inside > 0) std::memcpy(data.data() + offset, payload.data(), inside);
+    data.insert(data.end(), payload.begin() + inside, payload.end());
   }
   partial.received += payload.size();
-  if (partial.received == partial.data.size()) partial.complete = true;
+  if (partial.received == partial.length) {
+    // Every byte counted, yet the end never written: some bytes came twice.
+    if (partial.data.size() != partial.length) return overlap();
+    partial.complete = true;
+  }
   MarkReceived(header.seq);
   while (!channel.messages.empty() && channel.messages.begin()->first == channel.next_id &&
          channel.messages.begin()->second.complete) {

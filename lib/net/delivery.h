@@ -199,8 +199,12 @@ class ReceiveBook {
   uint64_t partial_bytes() const { return partial_bytes_; }
 
  private:
+  // A message being assembled. `data` holds its bytes up to the furthest chunk's end: chunks
+  // that arrive in order are appended, so the buffer (reserved whole) is never zero-filled first;
+  // only a gap left by a chunk that overtook an earlier one is.
   struct Partial {
     std::vector<uint8_t> data;
+    uint64_t length = 0;
     uint64_t received = 0;
     bool complete = false;
   };

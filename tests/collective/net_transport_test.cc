@@ -202,7 +202,7 @@ TEST_F(CollectiveOverNet, MalformedMessageFailsThePeerAtOnce) {
     std::lock_guard<std::mutex> lock(gateways_[1].mu);
     link = gateways_[1].links[0];
   }
-  std::vector<uint8_t> bad(kNetTransportHeaderSize, 0);
+  std::vector<uint8_t> bad(kNetTransportTrailerSize, 0);  // a trailer alone, like a hello
   bad[0] = 99;
   bad[4] = 1;
   ASSERT_TRUE(link->SendAndWait(kDefaultCollectiveChannel, bad, Deadline::AfterSeconds(10)).ok());
@@ -213,6 +213,38 @@ TEST_F(CollectiveOverNet, MalformedMessageFailsThePeerAtOnce) {
   EXPECT_NE(s.message().find("rank 1 (eu)"), std::string::npos) << s;
   EXPECT_NE(s.message().find("version 99"), std::string::npos) << s;
   EXPECT_LT(watch.ElapsedSeconds(), 10.0);
+}
+
+// A gateway of wire version 3 (header in front) sends its hello on every new link: 24 bytes that
+// read as a trailer of version 3, so an upgraded peer refuses it by name instead of taking
+// payload bytes for framing.
+TEST_F(CollectiveOverNet, AVersion3HelloIsRefusedByName) {
+  std::shared_ptr<net::Link> link;
+  {
+    std::lock_guard<std::mutex> lock(gateways_[1].mu);
+    link = gateways_[1].links[0];
+  }
+  std::vector<uint8_t> hello(kNetTransportTrailerSize, 0);
+  hello[0] = 3;
+  hello[1] = static_cast<uint8_t>(NetMessageKind::kHello);
+  hello[4] = 1;
+  hello[16] = 0x77;
+  ASSERT_TRUE(link->SendAndWait(kDefaultCollectiveChannel, hello, Deadline::AfterSeconds(10)).ok());
+  std::vector<uint8_t> out;
+  Status s = gateways_[0].transport->Recv(1, 5, Deadline::AfterSeconds(20), &out);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("version 3 (this build speaks 4"), std::string::npos) << s;
+}
+
+TEST(NetMessageSender, ReadsTheTrailersRank) {
+  EXPECT_EQ(NetMessageSender({}), -1);
+  EXPECT_EQ(NetMessageSender(std::vector<uint8_t>(kNetTransportTrailerSize - 1, 0)), -1);
+  std::vector<uint8_t> m(5 + kNetTransportTrailerSize, 0xee);  // payload bytes must not matter
+  uint8_t* t = m.data() + 5;
+  for (int i = 0; i < 4; ++i) t[4 + i] = static_cast<uint8_t>(0x0102 >> (8 * i));
+  EXPECT_EQ(NetMessageSender(m), 0x0102);
+  t[7] = 0x80;  // above INT32_MAX
+  EXPECT_EQ(NetMessageSender(m), -1);
 }
 
 // Waits until every gateway heard every peer's hello.
@@ -291,13 +323,14 @@ TEST_F(CollectiveOverNet, ANewIncarnationDropsThePeersOldMessages) {
     link = gateways_[1].links[0];
   }
   const uint64_t new_tag = MakeTag(8, TagPhase::kMeshScatter, 0);
-  std::vector<uint8_t> m(kNetTransportHeaderSize + 1, 0);
-  m[0] = kNetTransportVersion;
-  m[1] = static_cast<uint8_t>(NetMessageKind::kData);
-  m[4] = 1;  // sender rank
-  for (int i = 0; i < 8; ++i) m[8 + i] = static_cast<uint8_t>(new_tag >> (8 * i));
-  m[16] = 0x5a;  // incarnation 0x5a
-  m[kNetTransportHeaderSize] = 9;
+  std::vector<uint8_t> m(1 + kNetTransportTrailerSize, 0);
+  m[0] = 9;  // the payload, then the trailer
+  uint8_t* t = m.data() + 1;
+  t[0] = kNetTransportVersion;
+  t[1] = static_cast<uint8_t>(NetMessageKind::kData);
+  t[4] = 1;  // sender rank
+  for (int i = 0; i < 8; ++i) t[8 + i] = static_cast<uint8_t>(new_tag >> (8 * i));
+  t[16] = 0x5a;  // incarnation 0x5a
   ASSERT_TRUE(link->SendAndWait(kDefaultCollectiveChannel, m, Deadline::AfterSeconds(10)).ok());
   std::vector<uint8_t> out;
   ASSERT_TRUE(gateways_[0].transport->Recv(1, new_tag, Deadline::AfterSeconds(10), &out).ok());
@@ -318,8 +351,8 @@ TEST_F(CollectiveOverNet, ANewIncarnationDropsThePeersOldMessages) {
             StatusCode::kDeadlineExceeded);
 }
 
-// A message with kSendHeadroom of spare capacity is framed in its own buffer, one without is
-// copied into a framed one: the receiver gets the same bytes either way, at every size (empty,
+// A message with kSendHeadroom of spare capacity gets its trailer in its own buffer, one without
+// is copied into a larger one: the receiver gets the same bytes either way, at every size (empty,
 // one byte, several link chunks), and the sender's completion reports success.
 TEST_F(CollectiveOverNet, MessagesWithAndWithoutHeadroomArriveIntact) {
   WaitForIncarnations(gateways_);
@@ -330,7 +363,7 @@ TEST_F(CollectiveOverNet, MessagesWithAndWithoutHeadroomArriveIntact) {
       if (headroom) payload.reserve(size + kSendHeadroom);
       payload.resize(size);  // without the reserve: capacity == size
       for (size_t i = 0; i < size; ++i) payload[i] = static_cast<uint8_t>(i * 31 + size);
-      ASSERT_EQ(payload.capacity() - payload.size() >= kNetTransportHeaderSize, headroom)
+      ASSERT_EQ(payload.capacity() - payload.size() >= kNetTransportTrailerSize, headroom)
           << "the test's own premise: which path this message takes";
       const std::vector<uint8_t> expected = payload;
       const uint64_t tag = MakeTag(9, TagPhase::kMeshScatter, chunk++);
