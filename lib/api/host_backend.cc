@@ -173,7 +173,7 @@ StatusOr<std::unique_ptr<HostComm>> HostComm::Create(const HostCommOptions& opti
     eo.link.streams = 2;
     eo.link.unreachable_after_ns = std::max<int64_t>(options.timeout_ns, 1'000'000'000);
     // Links are dialled both ways (each rank dials every other): an accepted link's messages
-    // go to the receiver of the rank its NetTransport header names.
+    // go to the receiver of the rank its NetTransport trailer names.
     const int self = options.rank;
     std::vector<collective::NetTransport::Receiver> receivers = g.receivers;
     auto endpoint = net::Endpoint::Create(eo, [receivers, self](std::shared_ptr<net::Link>) {

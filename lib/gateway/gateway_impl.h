@@ -125,7 +125,7 @@ struct PeerControl {
 // channels collective::kRegionCollectiveChannels of same-region links. Each gateway dials every
 // other gateway of its region and sends over the link it dialed (Impl::region_links); what they
 // send arrives on links they dialed, which RegionReceiver() routes by the sender rank in the
-// NetTransport header. Set up by Start before any link.
+// NetTransport trailer. Set up by Start before any link.
 struct RegionState {
   std::unique_ptr<collective::NetTransport> transport;
   std::vector<collective::NetTransport::Receiver> receivers;  // by shard index
