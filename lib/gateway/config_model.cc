@@ -1,6 +1,8 @@
 // The parsed config's own logic, apart from its loading (config.cc): addresses (HostPort), the
 // world and region sizes it implies, who dials whom, shard weights in world order, and the
 // one-line summary for logs and --check-config.
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <sstream>
 #include <string>
@@ -37,10 +39,16 @@ StatusOr<HostPort> ParseHostPort(std::string_view text) {
     hp.host = std::string(text.substr(0, colon));
     port = text.substr(colon + 1);
   }
-  const bool host_ok = !hp.host.empty() && std::all_of(hp.host.begin(), hp.host.end(), [](char c) {
-    return (c >= '0' && c <= '9') || c == '.' || c == ':' || (c >= 'a' && c <= 'f') ||
-           (c >= 'A' && c <= 'F');
-  });
+  // The host in its canonical spelling ("0:0:0:0:0:0:0:0" is "::", "::0001" is "::1"), so that
+  // comparing two addresses as text (the wildcard, a listener's own entry among its peers)
+  // compares the addresses.
+  const bool v6 = text[0] == '[';
+  unsigned char binary[16];
+  char canonical[INET6_ADDRSTRLEN];
+  const int family = v6 ? AF_INET6 : AF_INET;
+  const bool host_ok = ::inet_pton(family, hp.host.c_str(), binary) == 1 &&
+                       ::inet_ntop(family, binary, canonical, sizeof(canonical)) != nullptr;
+  if (host_ok) hp.host = canonical;
   if (!host_ok || port.empty() || port.size() > 5 ||
       !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return InvalidArgumentError(allowed);

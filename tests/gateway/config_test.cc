@@ -512,6 +512,27 @@ TEST(HostPort, ParsesIpv4AndIpv6) {
   EXPECT_FALSE(ParseHostPort("[::1]80").ok());
 }
 
+// Hosts come back in one spelling, so that the config's address comparisons (a wildcard, a
+// gateway's own entry among its region's peers) compare addresses, not text; what is not an
+// address of the bracketed (IPv6) or bare (IPv4) kind is refused.
+TEST(HostPort, SpellsHostsCanonically) {
+  auto any6 = ParseHostPort("[0:0:0:0:0:0:0:0]:7400");
+  ASSERT_TRUE(any6.ok());
+  EXPECT_EQ(any6->host, "::");
+  EXPECT_TRUE(any6->IsWildcard());
+  auto one = ParseHostPort("[0:0::0001]:7400");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->host, "::1");
+  EXPECT_TRUE((HostPort{"::1", 7400}.Accepts(*one)));
+  auto mapped = ParseHostPort("[::FFFF:10.0.0.7]:7400");
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(mapped->host, "::ffff:10.0.0.7");
+  for (const char* bad : {"1.2.3:80", "1.2.3.4.5:80", "256.1.1.1:80", "[1.2.3.4]:80", "[:::]:80",
+                          "[fffff::]:80", "01.2.3.4:80"}) {
+    EXPECT_FALSE(ParseHostPort(bad).ok()) << bad;
+  }
+}
+
 TEST(GatewayConfig, MetricsListenIsOptionalAndValidated) {
   auto off = ParseConfig(kGood, "f.toml");
   ASSERT_TRUE(off.ok()) << off.status();
