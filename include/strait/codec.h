@@ -133,6 +133,10 @@ StatusOr<FrameInfo> InspectFrame(std::span<const uint8_t> frame,
 // An upper bound on the frame size for encoding `count` elements with `options`.
 size_t MaxFrameSize(size_t count, DataType dtype, const CodecOptions& options) noexcept;
 
+// Capacity the vector forms of Encoder leave beyond the frame: room for a transport to append
+// its own framing (the collective's 24-byte trailer) without moving the frame to a new buffer.
+inline constexpr size_t kFrameSpareCapacity = 32;
+
 class Encoder {
  public:
   Encoder();
@@ -140,8 +144,9 @@ class Encoder {
   Encoder(Encoder&&) noexcept;
   Encoder& operator=(Encoder&&) noexcept;
 
-  // Encodes `count` elements of `dtype` at `data` into `out`, which is resized to the frame.
-  // Does not block; not thread-safe (one Encoder per thread).
+  // Encodes `count` elements of `dtype` at `data` into `out`, which is resized to the frame
+  // with at least kFrameSpareCapacity bytes of capacity left behind it. Does not block; not
+  // thread-safe (one Encoder per thread).
   Status Encode(const void* data, size_t count, DataType dtype, const CodecOptions& options,
                 std::vector<uint8_t>* out);
 

@@ -310,7 +310,9 @@ struct Encoder::Impl {
                       float* residual, bool feedback, std::vector<uint8_t>* out) {
     if (out == nullptr) return InvalidArgumentError("encode: the output vector is null");
     STRAIT_RETURN_IF_ERROR(CheckEncodeArgs(data, count, dtype, options));
-    out->resize(MaxFrameSize(count, dtype, options));
+    const size_t max = MaxFrameSize(count, dtype, options);
+    out->reserve(max + kFrameSpareCapacity);
+    out->resize(max);
     StatusOr<size_t> size = Encode(data, count, dtype, options, residual, feedback, *out);
     if (!size.ok()) {
       out->clear();

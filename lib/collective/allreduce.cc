@@ -192,7 +192,12 @@ Status OwnerLoop(OpContext& ctx) {
     const uint64_t tag = MakeTag(ctx.request->op_id, TagPhase::kMeshGather, chunk.id);
     for (int j = 1; j < ctx.world; ++j) {
       const int peer = (owner + j) % ctx.world;
-      internal::SendFrame(ctx, peer, tag, results[frame_of[static_cast<size_t>(peer)]]);
+      // A copy per peer (the owner keeps its own), with the transport's headroom.
+      const std::vector<uint8_t>& result = results[frame_of[static_cast<size_t>(peer)]];
+      std::vector<uint8_t> copy;
+      copy.reserve(result.size() + kSendHeadroom);
+      copy.assign(result.begin(), result.end());
+      internal::SendFrame(ctx, peer, tag, std::move(copy));
     }
     // The owner keeps exactly what it sent, not its fp32 accumulator.
     STRAIT_RETURN_IF_ERROR(

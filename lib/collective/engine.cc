@@ -84,6 +84,7 @@ void SliceInput(const OpContext& ctx, const Chunk& chunk, std::vector<uint8_t>* 
   const size_t code_bytes = CodeBytesOf(r.codec.codec, chunk.count);
   const size_t codes_at = (r.count + block - 1) / block * sizeof(float);
   const size_t payload = scale_bytes + code_bytes;
+  out->reserve(kFrameHeaderSize + payload + kSendHeadroom);
   out->resize(kFrameHeaderSize + payload);
   uint8_t* p = out->data() + kFrameHeaderSize;
   std::memcpy(p, ctx.input_stage.data() + chunk.begin / block * sizeof(float), scale_bytes);

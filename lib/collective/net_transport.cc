@@ -239,6 +239,10 @@ const Mailbox& NetTransport::mailbox() const { return shared_->mailbox; }
 void NetTransport::AppendTrailer(NetMessageKind kind, uint64_t tag,
                                  std::vector<uint8_t>* message) const {
   const size_t at = message->size();
+  // Without the headroom, one exact move to a larger buffer (resize alone would double it).
+  if (message->capacity() - at < kNetTransportTrailerSize) {
+    message->reserve(at + kNetTransportTrailerSize);
+  }
   message->resize(at + kNetTransportTrailerSize);  // zero-fills the reserved bytes
   uint8_t* out = message->data() + at;
   out[0] = kNetTransportVersion;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "strait/codec.h"
 #include "strait/status.h"
 
 namespace strait::collective {
@@ -41,6 +42,7 @@ using SendDone = std::function<void(Status)>;
 // per operation reserve it: a fresh multi-MiB buffer costs its page faults, which on a busy VM
 // took 5-10 ms per MiB.
 inline constexpr size_t kSendHeadroom = 32;
+static_assert(kFrameSpareCapacity >= kSendHeadroom, "encoded frames leave the headroom");
 
 class Transport {
  public:

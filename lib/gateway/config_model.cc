@@ -19,6 +19,31 @@ std::string HostPort::ToString() const {
   return host + ":" + std::to_string(port);
 }
 
+namespace {
+
+// Rewrites a numeric IPv4 or IPv6 address in its canonical spelling; false if it is neither.
+// Dotted quads only: inet_aton's shorthands ("127.1") and octal ("010.0.0.1") are refused.
+bool Canonicalize(std::string* host) {
+  unsigned char v4[4], v6[16];
+  char text[INET6_ADDRSTRLEN];
+  if (::inet_pton(AF_INET, host->c_str(), v4) == 1) {
+    if (::inet_ntop(AF_INET, v4, text, sizeof(text)) == nullptr) return false;
+  } else if (::inet_pton(AF_INET6, host->c_str(), v6) == 1) {
+    static constexpr unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const bool mapped = std::equal(kMapped, kMapped + 12, v6);
+    if (::inet_ntop(mapped ? AF_INET : AF_INET6, mapped ? v6 + 12 : v6, text, sizeof(text)) ==
+        nullptr) {
+      return false;
+    }
+  } else {
+    return false;
+  }
+  *host = text;
+  return true;
+}
+
+}  // namespace
+
 StatusOr<HostPort> ParseHostPort(std::string_view text) {
   const std::string allowed =
       "allowed: \"<numeric IPv4>:<port>\" or \"[<numeric IPv6>]:<port>\", port 1-65535";
@@ -39,16 +64,11 @@ StatusOr<HostPort> ParseHostPort(std::string_view text) {
     hp.host = std::string(text.substr(0, colon));
     port = text.substr(colon + 1);
   }
-  // The host in its canonical spelling ("0:0:0:0:0:0:0:0" is "::", "::0001" is "::1"), so that
+  // The host in its canonical spelling ("0:0:0:0:0:0:0:0" is "::", "::0001" is "::1", an
+  // IPv4-mapped "::ffff:10.0.0.7" and a bracketed "[10.0.0.7]" are "10.0.0.7"), so that
   // comparing two addresses as text (the wildcard, a listener's own entry among its peers)
-  // compares the addresses.
-  const bool v6 = text[0] == '[';
-  unsigned char binary[16];
-  char canonical[INET6_ADDRSTRLEN];
-  const int family = v6 ? AF_INET6 : AF_INET;
-  const bool host_ok = ::inet_pton(family, hp.host.c_str(), binary) == 1 &&
-                       ::inet_ntop(family, binary, canonical, sizeof(canonical)) != nullptr;
-  if (host_ok) hp.host = canonical;
+  // compares the addresses, as the net layer does (it unmaps mapped addresses too).
+  const bool host_ok = hp.host.find('\0') == std::string::npos && Canonicalize(&hp.host);
   if (!host_ok || port.empty() || port.size() > 5 ||
       !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return InvalidArgumentError(allowed);

@@ -322,6 +322,12 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
                          " on channel " + std::to_string(header.channel) + " overlap");
   };
   if (payload.size() > partial.length - partial.received) return overlap();
+  // The last bytes to count must leave every byte written, or some came twice: refused before
+  // anything changes, so that a resend of the same chunk is refused again, not half taken.
+  if (partial.received + payload.size() == partial.length &&
+      std::max<uint64_t>(partial.data.size(), header.offset + payload.size()) != partial.length) {
+    return overlap();
+  }
   if (!payload.empty()) {
     std::vector<uint8_t>& data = partial.data;
     const size_t offset = header.offset;
@@ -331,11 +337,7 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
     data.insert(data.end(), payload.begin() + inside, payload.end());
   }
   partial.received += payload.size();
-  if (partial.received == partial.length) {
-    // Every byte counted, yet the end never written: some bytes came twice.
-    if (partial.data.size() != partial.length) return overlap();
-    partial.complete = true;
-  }
+  if (partial.received == partial.length) partial.complete = true;
   MarkReceived(header.seq);
   while (!channel.messages.empty() && channel.messages.begin()->first == channel.next_id &&
          channel.messages.begin()->second.complete) {

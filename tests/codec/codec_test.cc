@@ -102,6 +102,26 @@ struct LosslessCase {
   int level;
 };
 
+// The vector forms leave room behind the frame for a transport's framing (the collective
+// appends a 24-byte trailer in place), for every codec, with and without error feedback.
+TEST(Encoder, VectorFormsLeaveSpareCapacityBehindTheFrame) {
+  Encoder encoder;
+  const std::vector<uint8_t> input = MakeInput(DataType::kFloat32, 5000, 7);
+  for (CodecId codec : {CodecId::kNone, CodecId::kZstd, CodecId::kInt8, CodecId::kInt4}) {
+    CodecOptions o;
+    o.codec = codec;
+    std::vector<uint8_t> frame;
+    ASSERT_TRUE(encoder.Encode(input.data(), 5000, DataType::kFloat32, o, &frame).ok());
+    EXPECT_GE(frame.capacity() - frame.size(), kFrameSpareCapacity) << CodecName(codec);
+    std::vector<float> residual(5000, 0.0f);
+    ASSERT_TRUE(encoder
+                    .EncodeWithFeedback(input.data(), 5000, DataType::kFloat32, o,
+                                        residual.data(), &frame)
+                    .ok());
+    EXPECT_GE(frame.capacity() - frame.size(), kFrameSpareCapacity) << CodecName(codec);
+  }
+}
+
 TEST(LosslessCodec, RoundTripsBitExactEveryDtypeSizeAndAlignment) {
   const LosslessCase cases[] = {
       {CodecId::kNone, false, 1},  {CodecId::kZstd, true, 1},   {CodecId::kZstd, false, 1},

@@ -524,13 +524,20 @@ TEST(HostPort, SpellsHostsCanonically) {
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->host, "::1");
   EXPECT_TRUE((HostPort{"::1", 7400}.Accepts(*one)));
+  // IPv4-mapped and bracketed IPv4 are the IPv4 address, as the net layer treats them.
   auto mapped = ParseHostPort("[::FFFF:10.0.0.7]:7400");
   ASSERT_TRUE(mapped.ok());
-  EXPECT_EQ(mapped->host, "::ffff:10.0.0.7");
-  for (const char* bad : {"1.2.3:80", "1.2.3.4.5:80", "256.1.1.1:80", "[1.2.3.4]:80", "[:::]:80",
-                          "[fffff::]:80", "01.2.3.4:80"}) {
+  EXPECT_EQ(mapped->host, "10.0.0.7");
+  EXPECT_EQ(mapped->ToString(), "10.0.0.7:7400");
+  auto bracketed = ParseHostPort("[10.0.0.7]:7400");
+  ASSERT_TRUE(bracketed.ok());
+  EXPECT_EQ(bracketed->host, "10.0.0.7");
+  EXPECT_TRUE(ParseHostPort("[::ffff:0.0.0.0]:7400")->IsWildcard());
+  for (const char* bad : {"1.2.3:80", "1.2.3.4.5:80", "256.1.1.1:80", "[:::]:80", "[fffff::]:80",
+                          "01.2.3.4:80", "127.1:80"}) {
     EXPECT_FALSE(ParseHostPort(bad).ok()) << bad;
   }
+  EXPECT_FALSE(ParseHostPort(std::string_view("10.0.0.1\0junk:80", 16)).ok());
 }
 
 TEST(GatewayConfig, MetricsListenIsOptionalAndValidated) {

@@ -261,7 +261,14 @@ TEST(ReceiveBook, OverlapThatLeavesTheEndUnwrittenIsRefused) {
   ASSERT_TRUE(book.OnChunk(Chunk(1, 0, 0, 30, 5), std::span(m).subspan(5, 10), &dup, &out).ok());
   EXPECT_EQ(book.OnChunk(Chunk(2, 0, 0, 30, 15), std::span(m).subspan(15, 10), &dup, &out).code(),
             StatusCode::kDataLoss);
+  // Refused before anything changed: the same chunk resent on another stream is refused again
+  // (not taken as the message's last bytes), and the message stays partial.
+  EXPECT_EQ(book.OnChunk(Chunk(2, 0, 0, 30, 15), std::span(m).subspan(15, 10), &dup, &out).code(),
+            StatusCode::kDataLoss);
+  EXPECT_FALSE(dup);
   EXPECT_TRUE(out.empty());
+  EXPECT_EQ(book.partial_messages(), 1u);
+  EXPECT_EQ(book.partial_bytes(), 30u);
 }
 
 // Every arrival order of a message's chunks, gaps first included, gives the same bytes.
