@@ -322,19 +322,34 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
                          " on channel " + std::to_string(header.channel) + " overlap");
   };
   if (payload.size() > partial.length - partial.received) return overlap();
-  // The last bytes to count must leave every byte written, or some came twice: refused before
-  // anything changes, so that a resend of the same chunk is refused again, not half taken.
-  if (partial.received + payload.size() == partial.length &&
-      std::max<uint64_t>(partial.data.size(), header.offset + payload.size()) != partial.length) {
-    return overlap();
+  // Everything is checked before anything changes, so that a resend of a refused chunk is
+  // refused again, not half taken.
+  std::vector<uint8_t>& data = partial.data;
+  const uint64_t offset = header.offset;
+  const uint64_t end = offset + payload.size();
+  auto hole = partial.holes.end();
+  if (!payload.empty() && offset < data.size()) {
+    // Below the furthest end: the chunk must lie inside one hole (holes end where a written
+    // chunk begins, so one that reaches past its hole overlaps written bytes).
+    hole = partial.holes.upper_bound(offset);
+    if (hole == partial.holes.begin()) return overlap();
+    --hole;
+    if (end > hole->second) return overlap();
   }
   if (!payload.empty()) {
-    std::vector<uint8_t>& data = partial.data;
-    const size_t offset = header.offset;
-    if (offset > data.size()) data.resize(offset);  // a gap: an earlier chunk is still coming
-    const size_t inside = std::min(payload.size(), data.size() - offset);
-    if (inside > 0) std::memcpy(data.data() + offset, payload.data(), inside);
-    data.insert(data.end(), payload.begin() + inside, payload.end());
+    if (hole != partial.holes.end()) {
+      const auto [begin, stop] = *hole;
+      std::memcpy(data.data() + offset, payload.data(), payload.size());
+      partial.holes.erase(hole);
+      if (begin < offset) partial.holes.emplace(begin, offset);
+      if (end < stop) partial.holes.emplace(end, stop);
+    } else {
+      if (offset > data.size()) {
+        partial.holes.emplace(data.size(), offset);  // an earlier chunk is still coming
+        data.resize(offset);
+      }
+      data.insert(data.end(), payload.begin(), payload.end());
+    }
   }
   partial.received += payload.size();
   if (partial.received == partial.length) partial.complete = true;

@@ -201,9 +201,14 @@ class ReceiveBook {
  private:
   // A message being assembled. `data` holds its bytes up to the furthest chunk's end: chunks
   // that arrive in order are appended, so the buffer (reserved whole) is never zero-filled first;
-  // only a gap left by a chunk that overtook an earlier one is.
+  // only a gap left by a chunk that overtook an earlier one is. `holes` lists those gaps, as
+  // disjoint [begin, end) ranges below data.size() that no chunk wrote yet: a chunk below the
+  // end must fill part of one hole exactly, so that any overlap is refused wherever it lies
+  // (counting bytes alone misses an overlap that leaves a hole inside the message). In order,
+  // the map stays empty.
   struct Partial {
     std::vector<uint8_t> data;
+    std::map<uint64_t, uint64_t> holes;
     uint64_t length = 0;
     uint64_t received = 0;
     bool complete = false;

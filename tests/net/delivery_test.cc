@@ -252,23 +252,72 @@ TEST(ReceiveBook, RefusesWhatContradictsOrExceedsLimits) {
 // two sequence numbers) add up to the message's length with its end never written: refused, not
 // delivered short. (An overlap whose missing bytes lie inside the message goes unnoticed, as
 // before: honest senders cut disjoint chunks, and a resend keeps its sequence number.)
-TEST(ReceiveBook, OverlapThatLeavesTheEndUnwrittenIsRefused) {
+// Chunks that overlap are refused the moment they arrive, wherever the overlap lies: counting
+// bytes alone took [0,10) [5,15) [20,30) of a 30-byte message as complete with [15,20) unwritten.
+TEST(ReceiveBook, OverlappingChunksAreRefusedWhereverTheyLie) {
+  struct Case {
+    const char* what;
+    std::vector<std::pair<size_t, size_t>> accepted;  // (offset, length) taken first
+    std::pair<size_t, size_t> refused;
+  };
+  const std::vector<Case> cases = {
+      {"over the furthest end", {{0, 10}}, {5, 10}},
+      {"over a chunk after a hole", {{0, 10}, {20, 10}}, {15, 10}},
+      {"a hole's chunk reaching past it", {{0, 10}, {20, 10}}, {10, 12}},
+      {"inside a written chunk", {{20, 10}}, {22, 3}},
+      {"before a hole's start", {{0, 5}, {10, 5}}, {4, 3}},
+      {"the hole split, then its first part again", {{0, 5}, {20, 10}, {10, 5}}, {7, 4}},
+  };
+  for (const Case& c : cases) {
+    ReceiveBook book(1000);
+    std::vector<Delivery> out;
+    bool dup = false;
+    const std::vector<uint8_t> m = Pattern(30, 4);
+    uint64_t seq = 0;
+    uint64_t taken = 0;
+    for (const auto& [at, n] : c.accepted) {
+      ASSERT_TRUE(book.OnChunk(Chunk(seq++, 0, 0, 30, at), std::span(m).subspan(at, n), &dup, &out)
+                      .ok())
+          << c.what;
+      taken += n;
+    }
+    const auto [at, n] = c.refused;
+    // Refused before anything changed: the same chunk resent on another stream is refused
+    // again, and the message stays partial.
+    for (int resend = 0; resend < 2; ++resend) {
+      EXPECT_EQ(
+          book.OnChunk(Chunk(seq, 0, 0, 30, at), std::span(m).subspan(at, n), &dup, &out).code(),
+          StatusCode::kDataLoss)
+          << c.what;
+    }
+    EXPECT_FALSE(dup);
+    EXPECT_TRUE(out.empty()) << c.what;
+    EXPECT_EQ(book.partial_messages(), 1u);
+    EXPECT_EQ(book.partial_bytes(), 30u);
+    ASSERT_LT(taken, 30u);
+  }
+}
+
+// Holes are filled in any order and in pieces; the message comes out whole when the last one
+// closes, and not before.
+TEST(ReceiveBook, HolesFillInPiecesAndInAnyOrder) {
   ReceiveBook book(1000);
   std::vector<Delivery> out;
   bool dup = false;
-  const std::vector<uint8_t> m = Pattern(30, 4);
-  ASSERT_TRUE(book.OnChunk(Chunk(0, 0, 0, 30, 0), std::span(m).first(10), &dup, &out).ok());
-  ASSERT_TRUE(book.OnChunk(Chunk(1, 0, 0, 30, 5), std::span(m).subspan(5, 10), &dup, &out).ok());
-  EXPECT_EQ(book.OnChunk(Chunk(2, 0, 0, 30, 15), std::span(m).subspan(15, 10), &dup, &out).code(),
-            StatusCode::kDataLoss);
-  // Refused before anything changed: the same chunk resent on another stream is refused again
-  // (not taken as the message's last bytes), and the message stays partial.
-  EXPECT_EQ(book.OnChunk(Chunk(2, 0, 0, 30, 15), std::span(m).subspan(15, 10), &dup, &out).code(),
-            StatusCode::kDataLoss);
-  EXPECT_FALSE(dup);
-  EXPECT_TRUE(out.empty());
-  EXPECT_EQ(book.partial_messages(), 1u);
-  EXPECT_EQ(book.partial_bytes(), 30u);
+  const std::vector<uint8_t> m = Pattern(40, 9);
+  const std::vector<std::pair<size_t, size_t>> chunks = {
+      {30, 10}, {0, 4}, {12, 6}, {4, 2}, {18, 12}, {8, 4}, {6, 2}};
+  uint64_t seq = 0;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const auto [at, n] = chunks[k];
+    ASSERT_TRUE(
+        book.OnChunk(Chunk(seq++, 0, 0, 40, at), std::span(m).subspan(at, n), &dup, &out).ok())
+        << "chunk " << k;
+    EXPECT_EQ(out.size(), k + 1 == chunks.size() ? 1u : 0u) << "chunk " << k;
+  }
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data, m);
+  EXPECT_EQ(book.partial_bytes(), 0u);
 }
 
 // Every arrival order of a message's chunks, gaps first included, gives the same bytes.
