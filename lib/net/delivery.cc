@@ -336,16 +336,35 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
     --hole;
     if (end > hole->second) return overlap();
   }
+  // Gaps the chunk opens: one beyond the end, one more when it splits a gap in two.
+  const bool opens = !payload.empty() &&
+                     (hole == partial.holes.end() ? offset > data.size()
+                                                  : hole->first < offset && end < hole->second);
+  if (opens && holes_ >= kMaxHoles) {
+    return ResourceExhaustedError("peer leaves more than " + std::to_string(kMaxHoles) +
+                                  " gaps open in its partial messages (chunk " +
+                                  std::to_string(header.seq) + " of message " +
+                                  std::to_string(header.message_id) + " on channel " +
+                                  std::to_string(header.channel) + ")");
+  }
   if (!payload.empty()) {
     if (hole != partial.holes.end()) {
       const auto [begin, stop] = *hole;
       std::memcpy(data.data() + offset, payload.data(), payload.size());
       partial.holes.erase(hole);
-      if (begin < offset) partial.holes.emplace(begin, offset);
-      if (end < stop) partial.holes.emplace(end, stop);
+      --holes_;
+      if (begin < offset) {
+        partial.holes.emplace(begin, offset);
+        ++holes_;
+      }
+      if (end < stop) {
+        partial.holes.emplace(end, stop);
+        ++holes_;
+      }
     } else {
       if (offset > data.size()) {
         partial.holes.emplace(data.size(), offset);  // an earlier chunk is still coming
+        ++holes_;
         data.resize(offset);
       }
       data.insert(data.end(), payload.begin(), payload.end());

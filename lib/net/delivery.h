@@ -174,6 +174,13 @@ class ReceiveBook {
   static constexpr uint64_t kMaxSeqWindow = uint64_t{1} << 22;
   // Messages being assembled at once, over all channels.
   static constexpr size_t kMaxPartialMessages = 1 << 16;
+  // Gaps inside partial messages remembered at once, over all messages: a chunk that would open
+  // one more is refused (kResourceExhausted). Each gap waits for an unacknowledged chunk of at
+  // least LinkOptions::min_chunk_bytes (only a message's last chunk is shorter, and a gap lies
+  // before a received chunk), so an honest sender keeps at most 64 streams x 8 MiB in flight /
+  // 64 KiB = 8192 open; without a cap, 1-byte chunks a byte apart would cost ~32 bytes of
+  // bookkeeping per message byte. The cap bounds that to ~16 MiB.
+  static constexpr size_t kMaxHoles = 1 << 18;
 
   // `max_partial_bytes` bounds the bytes allocated for messages being assembled (or complete
   // and waiting for an earlier message of their channel); a chunk that would start a message
@@ -222,6 +229,7 @@ class ReceiveBook {
   uint64_t max_message_bytes_;
   uint64_t max_partial_bytes_;
   uint64_t partial_bytes_ = 0;
+  size_t holes_ = 0;  // Partial::holes entries, over all messages
   uint64_t cumulative_ = 0;
   std::map<uint64_t, uint64_t> above_;  // disjoint [begin, end) ranges, all above cumulative_
   std::unordered_map<uint32_t, Channel> channels_;

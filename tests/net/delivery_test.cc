@@ -248,10 +248,6 @@ TEST(ReceiveBook, RefusesWhatContradictsOrExceedsLimits) {
   EXPECT_FALSE(book.OnChunk(Chunk(2, 0, 0, 100, 0), big, &dup, &out).ok());  // overlaps
 }
 
-// Chunks that overlap without one being too long for what is missing (bytes sent twice under
-// two sequence numbers) add up to the message's length with its end never written: refused, not
-// delivered short. (An overlap whose missing bytes lie inside the message goes unnoticed, as
-// before: honest senders cut disjoint chunks, and a resend keeps its sequence number.)
 // Chunks that overlap are refused the moment they arrive, wherever the overlap lies: counting
 // bytes alone took [0,10) [5,15) [20,30) of a 30-byte message as complete with [15,20) unwritten.
 TEST(ReceiveBook, OverlappingChunksAreRefusedWhereverTheyLie) {
@@ -294,8 +290,60 @@ TEST(ReceiveBook, OverlappingChunksAreRefusedWhereverTheyLie) {
     EXPECT_TRUE(out.empty()) << c.what;
     EXPECT_EQ(book.partial_messages(), 1u);
     EXPECT_EQ(book.partial_bytes(), 30u);
-    ASSERT_LT(taken, 30u);
+    // The refusals changed nothing: the bytes still missing, sent one at a time, complete the
+    // message exactly once and whole.
+    std::vector<bool> written(30, false);
+    for (const auto& [o, len] : c.accepted) {
+      for (size_t b = o; b < o + len; ++b) written[b] = true;
+    }
+    for (size_t b = 0; b < 30; ++b) {
+      if (written[b]) continue;
+      ASSERT_TRUE(book.OnChunk(Chunk(++seq, 0, 0, 30, b), std::span(m).subspan(b, 1), &dup, &out)
+                      .ok())
+          << c.what << ", byte " << b;
+      taken += 1;
+    }
+    ASSERT_EQ(taken, 30u);
+    ASSERT_EQ(out.size(), 1u) << c.what;
+    EXPECT_EQ(out[0].data, m) << c.what;
+    EXPECT_EQ(book.partial_bytes(), 0u);
   }
+}
+
+// A peer that cuts messages into many chunks with a byte missing between each makes the book
+// remember every gap: their number is capped (kMaxHoles over all messages), and a chunk that
+// would open one more, by splitting a gap or by landing beyond a message's end, is refused
+// before it changes anything; one that closes a gap, or appends at the end, is still taken.
+TEST(ReceiveBook, CapsTheGapsItRemembers) {
+  ReceiveBook book(1u << 20);
+  std::vector<Delivery> out;
+  bool dup = false;
+  const uint64_t length = 2 * ReceiveBook::kMaxHoles + 16;
+  const std::vector<uint8_t> one = {7};
+  uint64_t seq = 0;
+  // The message's last byte first (one gap before it), then every other byte from 1 up: each
+  // splits the remaining gap in two.
+  ASSERT_TRUE(book.OnChunk(Chunk(seq++, 0, 0, length, length - 1), one, &dup, &out).ok());
+  Status s;
+  uint64_t at = 1;
+  for (; at < length - 1; at += 2) {
+    s = book.OnChunk(Chunk(seq++, 0, 0, length, at), one, &dup, &out);
+    if (!s.ok()) break;
+  }
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("gaps"), std::string::npos) << s.message();
+  EXPECT_EQ(at, 2 * ReceiveBook::kMaxHoles - 1);  // kMaxHoles - 1 splits after the first gap
+  // Beyond the end of another message: refused too.
+  EXPECT_EQ(book.OnChunk(Chunk(seq++, 1, 0, 10, 5), one, &dup, &out).code(),
+            StatusCode::kResourceExhausted);
+  // Closing a gap ([0,1)) is taken; then there is room for one more.
+  ASSERT_TRUE(book.OnChunk(Chunk(seq++, 0, 0, length, 0), one, &dup, &out).ok());
+  ASSERT_TRUE(book.OnChunk(Chunk(seq++, 1, 0, 10, 5), one, &dup, &out).ok());
+  EXPECT_EQ(book.OnChunk(Chunk(seq++, 0, 0, length, at), one, &dup, &out).code(),
+            StatusCode::kResourceExhausted);
+  // Appending at a message's furthest end opens none.
+  ASSERT_TRUE(book.OnChunk(Chunk(seq++, 1, 0, 10, 6), one, &dup, &out).ok());
+  EXPECT_TRUE(out.empty());
 }
 
 // Holes are filled in any order and in pieces; the message comes out whole when the last one
@@ -305,8 +353,10 @@ TEST(ReceiveBook, HolesFillInPiecesAndInAnyOrder) {
   std::vector<Delivery> out;
   bool dup = false;
   const std::vector<uint8_t> m = Pattern(40, 9);
+  // Appends at the furthest end while gaps are open, a zero-length chunk inside written bytes
+  // (nothing to write: taken), and gaps closed from either side and in the middle.
   const std::vector<std::pair<size_t, size_t>> chunks = {
-      {30, 10}, {0, 4}, {12, 6}, {4, 2}, {18, 12}, {8, 4}, {6, 2}};
+      {20, 5}, {0, 4}, {25, 5}, {2, 0}, {30, 10}, {12, 6}, {4, 2}, {18, 2}, {8, 4}, {6, 2}};
   uint64_t seq = 0;
   for (size_t k = 0; k < chunks.size(); ++k) {
     const auto [at, n] = chunks[k];
