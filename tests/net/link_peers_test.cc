@@ -1,6 +1,6 @@
 // Real links over loopback refusing what they must: certificates of another CA, unknown
-// regions, garbage and other wire versions, a peer over the partial-message budget, plain TCP
-// against TLS, unreachable peers, bad configuration; and the log rate of refusals and redials.
+// regions, garbage and other wire versions, a peer over the partial-message budget or with
+// overlapping chunks, plain TCP against TLS, unreachable peers, bad configuration; and the log rate of refusals and redials.
 // Good peers on the same listener are unharmed. Every wait is bounded.
 #include "net/link.h"
 
@@ -131,6 +131,29 @@ TEST_F(NetLink, PeerExceedingThePartialMessageBudgetIsAProtocolError) {
   for (uint64_t id = 0; id < 3; ++id) {
     AppendDataRecordHeaders(DataHeader{id, 0, id, 1 << 20, 0}, 1, &bytes);
     bytes.push_back(1);
+  }
+  EXPECT_TRUE(RawPeerIsClosed(server.port, &eu_, bytes, 5));
+  std::shared_ptr<Link> accepted;
+  ASSERT_TRUE(Eventually([&] { return (accepted = server.link(0)) != nullptr; }, 5));
+  EXPECT_TRUE(Eventually([&] { return accepted->Estimates().protocol_errors == 1; }, 5));
+  EXPECT_EQ(server.received.count(), 0u);
+}
+
+// Chunks whose bytes overlap, leaving a gap inside the message that their lengths add up over:
+// the stream is closed as a protocol error and nothing is delivered (the receive book once took
+// such a message as whole, with the gap's bytes zero).
+TEST_F(NetLink, PeerWhoseChunksOverlapIsAProtocolErrorAndDeliversNothing) {
+  Server server;
+  ASSERT_TRUE(server.Start(Options("us", us_, {"eu"})).ok());
+  Hello hello;
+  hello.session_id = 78;
+  hello.region = "eu";
+  std::vector<uint8_t> bytes = EncodeHello(hello);
+  const std::pair<uint64_t, uint32_t> chunks[] = {{0, 10}, {5, 10}, {20, 10}};
+  uint64_t seq = 0;
+  for (const auto& [offset, length] : chunks) {
+    AppendDataRecordHeaders(DataHeader{seq++, 0, 0, 30, offset}, length, &bytes);
+    bytes.insert(bytes.end(), length, 0x5A);
   }
   EXPECT_TRUE(RawPeerIsClosed(server.port, &eu_, bytes, 5));
   std::shared_ptr<Link> accepted;
