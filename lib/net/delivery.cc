@@ -321,7 +321,6 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
     return DataLossError("chunks of message " + std::to_string(header.message_id) +
                          " on channel " + std::to_string(header.channel) + " overlap");
   };
-  if (payload.size() > partial.length - partial.received) return overlap();
   // Everything is checked before anything changes, so that a resend of a refused chunk is
   // refused again, not half taken.
   std::vector<uint8_t>& data = partial.data;
@@ -370,8 +369,8 @@ Status ReceiveBook::OnChunk(const DataHeader& header, std::span<const uint8_t> p
       data.insert(data.end(), payload.begin(), payload.end());
     }
   }
-  partial.received += payload.size();
-  if (partial.received == partial.length) partial.complete = true;
+  // Chunks are disjoint and inside the message: it is whole once nothing is missing.
+  if (data.size() == partial.length && partial.holes.empty()) partial.complete = true;
   MarkReceived(header.seq);
   while (!channel.messages.empty() && channel.messages.begin()->first == channel.next_id &&
          channel.messages.begin()->second.complete) {

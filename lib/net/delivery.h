@@ -217,7 +217,6 @@ class ReceiveBook {
     std::vector<uint8_t> data;
     std::map<uint64_t, uint64_t> holes;
     uint64_t length = 0;
-    uint64_t received = 0;
     bool complete = false;
   };
   struct Channel {
